@@ -1,0 +1,133 @@
+"""Linear solver for the Rosenbrock matrix ``W = I/(h*gamma) - J`` in a fixed slot layout.
+
+``build_linear_solver(pattern, method)`` returns a :class:`LinearSolver` whose ``factor(w)`` takes
+``W`` as a flat vector in slot layout (``w[s]`` is entry ``(slot_rows[s], slot_cols[s])``) and whose
+``solve(lu, b)`` solves ``W x = b``.  Both are pure JAX functions of one trajectory; vmap them for an
+ensemble.  Two methods (DESIGN §6):
+
+* ``"sparse"``: AMD ordering + exact symbolic fill + generated straight-line unpivoted LU
+  (:mod:`solver.sparse_lu`); above ``UNROLL_MAX_OPS`` operations, the table-driven version.
+* ``"dense"``: ``slots = n*n`` row-major, LU with partial pivoting (``jax.scipy.linalg``).
+
+``"auto"`` picks dense for ``n <= DENSE_MAX_N`` (see docs/solver_linear_algebra.md for the timing
+that chose the threshold), sparse otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .codegen import compile_functions
+from .sparse_lu import SymbolicLU, generate_lu_source, symbolic_lu, table_lu_functions, _check_pattern
+
+__all__ = ["LinearSolver", "build_linear_solver", "DENSE_MAX_N", "UNROLL_MAX_OPS"]
+
+#: ``method="auto"`` uses the dense pivoted LU up to this size (measured, see docs).
+DENSE_MAX_N = 8
+#: Straight-line code up to this many factor + solve operations; index tables above.
+UNROLL_MAX_OPS = 20000
+
+_METHODS = ("auto", "dense", "sparse")
+
+
+@dataclass(frozen=True)
+class LinearSolver:
+    """Factor/solve pair for one pattern.  ``lu`` returned by ``factor`` is an opaque pytree.
+
+    Attributes: ``n``; ``nslots`` (length of ``w``); ``diag_slots[i]`` slot of ``(i, i)``;
+    ``slot_rows``/``slot_cols`` original indices of each slot; ``is_fill`` slots not in the pattern
+    (zero in ``W``); ``method`` ("dense" | "sparse" | "sparse-table"); ``source`` the generated
+    Python source (None for dense and table-driven); ``symbolic`` the :class:`SymbolicLU` (sparse).
+    """
+
+    n: int
+    nslots: int
+    diag_slots: np.ndarray
+    slot_rows: np.ndarray
+    slot_cols: np.ndarray
+    is_fill: np.ndarray
+    method: str
+    factor: Callable[[Any], Any]
+    solve: Callable[[Any, Any], Any]
+    source: str | None = None
+    symbolic: SymbolicLU | None = None
+
+    def slot_index(self, i: int, j: int) -> int:
+        """Slot of original entry ``(i, j)``; KeyError if structurally absent."""
+        if self.symbolic is not None:
+            return self.symbolic.slot_of[(int(i), int(j))]
+        return int(i) * self.n + int(j)
+
+    def to_dense(self, w) -> np.ndarray:
+        """Scatter a slot vector into a dense ``(n, n)`` numpy matrix (tests, debugging)."""
+        dense = np.zeros((self.n, self.n), dtype=np.asarray(w).dtype)
+        dense[self.slot_rows, self.slot_cols] = np.asarray(w)
+        return dense
+
+    def from_dense(self, matrix) -> np.ndarray:
+        """Gather a dense matrix into slot layout (fill slots get the matrix value, usually 0)."""
+        return np.asarray(matrix)[self.slot_rows, self.slot_cols]
+
+
+def _dense_solver(n: int) -> LinearSolver:
+    import jax.numpy as jnp
+    import jax.scipy.linalg as jsl
+
+    rows, cols = np.divmod(np.arange(n * n), n)
+
+    def factor(w):
+        return jsl.lu_factor(jnp.reshape(jnp.asarray(w), (n, n)))
+
+    def solve(lu, b):
+        return jsl.lu_solve(lu, jnp.asarray(b))
+
+    return LinearSolver(n=n, nslots=n * n, diag_slots=np.arange(n) * (n + 1), slot_rows=rows,
+                        slot_cols=cols, is_fill=np.zeros(n * n, dtype=bool), method="dense",
+                        factor=factor, solve=solve)
+
+
+def _sparse_solver(pattern: np.ndarray, unroll_max_ops: int) -> LinearSolver:
+    import jax.numpy as jnp
+
+    sym = symbolic_lu(pattern)
+    n_factor, n_solve = sym.op_counts()
+    common = dict(n=sym.n, nslots=sym.nnz, diag_slots=sym.diag_slots, slot_rows=sym.slot_rows,
+                  slot_cols=sym.slot_cols, is_fill=sym.is_fill, symbolic=sym)
+    if n_factor + n_solve > unroll_max_ops:
+        table_factor, table_solve = table_lu_functions(sym)
+        return LinearSolver(method="sparse-table", factor=table_factor, solve=table_solve, **common)
+    factor_src, solve_src = generate_lu_source(sym)
+    source = factor_src + "\n\n" + solve_src
+    fns = compile_functions(source, ["lu_factor", "lu_solve"],
+                            label=f"sparse_lu n={sym.n} nnz={sym.nnz}")
+    gen_factor, gen_solve = fns["lu_factor"], fns["lu_solve"]
+
+    def factor(w):
+        return jnp.stack(gen_factor(jnp.asarray(w)))
+
+    def solve(lu, b):
+        return jnp.stack(gen_solve(lu, jnp.asarray(b)))
+
+    return LinearSolver(method="sparse", factor=factor, solve=solve, source=source, **common)
+
+
+def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = UNROLL_MAX_OPS,
+                        dense_max_n: int = DENSE_MAX_N) -> LinearSolver:
+    """Build the factor/solve pair for ``W`` with structure ``pattern | I``.
+
+    ``pattern``: square boolean array (``[i, j]`` True where ``J`` may be nonzero); the diagonal is
+    always added.  ``method``: "auto", "dense" or "sparse".
+    """
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    pat = _check_pattern(pattern)
+    n = pat.shape[0]
+    if n == 0:
+        raise ValueError("pattern must have at least one row")
+    if method == "auto":
+        method = "dense" if n <= dense_max_n else "sparse"
+    if method == "dense":
+        return _dense_solver(n)
+    return _sparse_solver(pat, unroll_max_ops)
