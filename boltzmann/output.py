@@ -1,0 +1,245 @@
+"""The output contract: pk.csv, tk.csv and summary.json in one output directory.
+
+Other tools and tests read these files, so their layout is fixed here and nowhere else.
+
+pk.csv
+    Leading comment lines start with ``# ``; the last comment line is the header
+    ``# k_1/Mpc,P_m_z<z>_Mpc3,...,P_cb_z<z>_Mpc3,...`` (all P_m columns first, in the requested
+    z order, then all P_cb columns), z formatted with ``f"{z:g}"``. k in 1/Mpc, P in Mpc^3,
+    10 significant digits. This is the layout of the CLASS/CAMB reference files in tests/data,
+    so ``numpy.loadtxt(path, delimiter=",")`` reads the numbers of either and `read_pk_csv`
+    reads the column names too.
+tk.csv
+    Same conventions; columns ``k_1/Mpc`` then, for each z in order, one block of transfer
+    functions named ``<CLASS name>_z<z>`` (e.g. ``d_m_z0``, ``d_ncdm[0]_z0.5``, ``t_b_z1``), in
+    CLASS 'class' normalisation (unit primordial curvature; d_* density contrasts, t_* velocity
+    divergences theta in 1/Mpc, synchronous gauge).
+summary.json
+    ``sigma8`` and ``sigma8_cb`` (dicts keyed by the same z strings), ``z`` (the strings in
+    order), ``parameters`` (resolved cosmology), ``backend``, ``solver_stats``,
+    ``timings_s`` (wall seconds per stage), ``k_range_1/Mpc``, ``n_k``, ``files``, ``produced_by``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "z_label",
+    "pk_column_names",
+    "tk_column_names",
+    "write_pk_csv",
+    "write_tk_csv",
+    "write_summary_json",
+    "read_pk_csv",
+    "read_summary_json",
+    "PK_FILE",
+    "TK_FILE",
+    "SUMMARY_FILE",
+]
+
+PK_FILE = "pk.csv"
+TK_FILE = "tk.csv"
+SUMMARY_FILE = "summary.json"
+K_COLUMN = "k_1/Mpc"
+NUMBER_FORMAT = "%.9e"  # 10 significant digits
+
+# CLASS's order of transfer-function columns (synchronous gauge); unknown names follow, sorted.
+_CLASS_TK_ORDER = ("d_g", "d_b", "d_cdm", "d_ur", "d_ncdm", "d_m", "d_cb", "d_tot", "phi", "psi", "h", "h_prime",
+                   "eta", "eta_prime", "H_T_Nb_prime", "k2gamma_Nb", "t_g", "t_b", "t_ur", "t_ncdm", "t_tot")
+
+
+def z_label(z: float) -> str:
+    """The string that names redshift z in column names and summary keys: ``f"{z:g}"``."""
+    return f"{float(z):g}"
+
+
+def pk_column_names(zs: Sequence[float], with_cb: bool = True) -> list[str]:
+    """Header of pk.csv: k, then P_m for each z, then (optionally) P_cb for each z."""
+    names = [K_COLUMN] + [f"P_m_z{z_label(z)}_Mpc3" for z in zs]
+    if with_cb:
+        names += [f"P_cb_z{z_label(z)}_Mpc3" for z in zs]
+    return names
+
+
+def _class_order_key(name: str):
+    base = name.split("[")[0]
+    rank = _CLASS_TK_ORDER.index(base) if base in _CLASS_TK_ORDER else len(_CLASS_TK_ORDER)
+    return (rank, base if rank == len(_CLASS_TK_ORDER) else "", name)
+
+
+def ordered_transfer_names(names) -> list[str]:
+    """Transfer-function names in CLASS's column order (unknown names last, alphabetically)."""
+    return sorted(names, key=_class_order_key)
+
+
+def tk_column_names(zs: Sequence[float], names_per_z: Mapping[float, Sequence[str]]) -> list[str]:
+    """Header of tk.csv: k, then ``<name>_z<z>`` for each z block."""
+    cols = [K_COLUMN]
+    for z in zs:
+        cols += [f"{name}_z{z_label(z)}" for name in ordered_transfer_names(names_per_z[z])]
+    return cols
+
+
+def _check_unique_labels(zs: Sequence[float]) -> None:
+    labels = [z_label(z) for z in zs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"output z values must be distinct after formatting with :g, got {labels}")
+
+
+def _write_table(path: Path, header: list[str], columns: list[np.ndarray], comments: Sequence[str]) -> None:
+    n = columns[0].shape[0]
+    for name, col in zip(header, columns):
+        if col.shape != (n,):
+            raise ValueError(f"column {name} has shape {col.shape}, expected ({n},)")
+    lines = [f"# {c}" for c in comments] + ["# " + ",".join(header)]
+    table = np.column_stack(columns)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savetxt(path, table, fmt=NUMBER_FORMAT, delimiter=",", header="\n".join(lines), comments="")
+
+
+def _produced_by() -> str:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"boltzmann-gpu (scripts/transfer.py), {stamp}"
+
+
+def write_pk_csv(path, k, pk_m: Mapping[float, np.ndarray], pk_cb: Mapping[float, np.ndarray] | None = None,
+                 zs: Sequence[float] | None = None, comments: Sequence[str] = ()) -> Path:
+    """Write pk.csv (see module docstring). `pk_m`/`pk_cb` map z -> P(k) [Mpc^3] on grid `k` [1/Mpc]."""
+    zs = list(pk_m.keys()) if zs is None else list(zs)
+    _check_unique_labels(zs)
+    k = np.asarray(k, dtype=float)
+    cols = [k] + [np.asarray(pk_m[z], dtype=float) for z in zs]
+    if pk_cb is not None:
+        cols += [np.asarray(pk_cb[z], dtype=float) for z in zs]
+    header = pk_column_names(zs, with_cb=pk_cb is not None)
+    notes = [_produced_by(), "linear P(k); k in 1/Mpc (no h), P in Mpc^3 (no h); "
+             "P_m = total matter (cdm+b+massive nu), P_cb = cdm+b", *comments]
+    _write_table(Path(path), header, cols, notes)
+    return Path(path)
+
+
+def write_tk_csv(path, k, transfers: Mapping[float, Mapping[str, np.ndarray]], zs: Sequence[float] | None = None,
+                 comments: Sequence[str] = ()) -> Path:
+    """Write tk.csv (see module docstring). `transfers` maps z -> {CLASS name -> array over k}."""
+    zs = list(transfers.keys()) if zs is None else list(zs)
+    _check_unique_labels(zs)
+    k = np.asarray(k, dtype=float)
+    names_per_z = {z: list(transfers[z].keys()) for z in zs}
+    header = tk_column_names(zs, names_per_z)
+    cols = [k]
+    for z in zs:
+        cols += [np.asarray(transfers[z][name], dtype=float) for name in ordered_transfer_names(names_per_z[z])]
+    notes = [_produced_by(),
+             "transfer functions, synchronous gauge, CLASS 'class' normalisation (unit primordial curvature R):",
+             "P_X(k) = 2 pi^2/k^3 * A_s (k/k_pivot)^(n_s-1) * d_X(k)^2; d_* density contrasts, "
+             "t_* velocity divergences theta [1/Mpc]; k in 1/Mpc",
+             "column <name>_z<z> holds CLASS's column <name> at redshift z (z as Python's f'{z:g}')",
+             *comments]
+    _write_table(Path(path), header, cols, notes)
+    return Path(path)
+
+
+def _jsonable(obj):
+    """Convert numpy/JAX scalars and arrays, dataclasses, paths and non-finite floats for json."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    if isinstance(obj, Mapping):
+        return {str(key): _jsonable(val) for key, val in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, str) or obj is None:
+        return obj
+    if hasattr(obj, "shape") and hasattr(obj, "dtype"):  # numpy or JAX array
+        arr = np.asarray(obj)
+        return _jsonable(arr.item() if arr.ndim == 0 else arr.tolist())
+    if isinstance(obj, (float, np.floating)):
+        val = float(obj)
+        return val if math.isfinite(val) else str(val)
+    return str(obj)
+
+
+def write_summary_json(path, *, zs: Sequence[float], sigma8: Mapping[float, float], sigma8_cb: Mapping[float, float],
+                       parameters: Mapping, backend: str, solver_stats: Mapping, timings: Mapping[str, float],
+                       k=None, extra: Mapping | None = None) -> Path:
+    """Write summary.json (see module docstring); z keys become ``z_label(z)`` strings."""
+    _check_unique_labels(zs)
+    summary = {
+        "produced_by": _produced_by(),
+        "z": [z_label(z) for z in zs],
+        "sigma8": {z_label(z): float(sigma8[z]) for z in zs},
+        "sigma8_cb": {z_label(z): float(sigma8_cb[z]) for z in zs},
+        "parameters": _jsonable(dict(parameters)),
+        "backend": str(backend),
+        "solver_stats": _jsonable(dict(solver_stats)),
+        "timings_s": {str(stage): float(sec) for stage, sec in timings.items()},
+        "files": {"pk": PK_FILE, "tk": TK_FILE},
+    }
+    if k is not None:
+        k = np.asarray(k, dtype=float)
+        summary["n_k"] = int(k.size)
+        summary["k_range_1/Mpc"] = [float(k[0]), float(k[-1])]
+    if extra:
+        summary.update(_jsonable(dict(extra)))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def read_summary_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_pk_csv(path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Read pk.csv / tk.csv or a tests/data reference file: (k, {column name -> array}).
+
+    The header is the last ``#`` comment line before the data (or, failing that, a first
+    non-numeric line). The first column is returned as k and also left out of the dict.
+    """
+    path = Path(path)
+    header = None
+    n_skip = 0
+    with path.open() as fh:
+        for line in fh:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                header = stripped.lstrip("#").strip()
+                n_skip += 1
+                continue
+            if not stripped:
+                n_skip += 1
+                continue
+            first = stripped.split(",")[0].strip()
+            if not _is_number(first):  # an uncommented header line
+                header = stripped
+                n_skip += 1
+            break
+    if not header:
+        raise ValueError(f"{path}: no header line (expected a '# k_1/Mpc,...' comment line before the data)")
+    names = [name.strip() for name in header.split(",")]
+    data = np.loadtxt(path, delimiter=",", skiprows=n_skip, comments="#", ndmin=2)
+    if data.shape[1] != len(names):
+        raise ValueError(f"{path}: header names {len(names)} columns but rows have {data.shape[1]}")
+    return data[:, 0].copy(), {name: data[:, i].copy() for i, name in enumerate(names) if i > 0}
