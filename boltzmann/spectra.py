@@ -98,20 +98,6 @@ def tophat_window(x):
 
 
 # --------------------------------------------------------------------------- spline + quadrature
-def _natural_spline_second_derivs(x: np.ndarray, y):
-    """Second derivatives of the natural cubic spline through (x, y); x concrete, y may be traced."""
-    h = np.diff(x)
-    n = x.size
-    rhs = 6.0 * ((y[2:] - y[1:-1]) / h[1:] - (y[1:-1] - y[:-2]) / h[:-1])
-    diag = 2.0 * (h[:-1] + h[1:])
-    lower = np.concatenate([[0.0], h[1:-1]])
-    upper = np.concatenate([h[1:-1], [0.0]])
-    m_inner = tridiagonal_solve(jnp.asarray(lower), jnp.asarray(diag), jnp.asarray(upper), rhs[:, None])[:, 0]
-    zero = jnp.zeros((1,), dtype=m_inner.dtype)
-    assert n >= 3
-    return jnp.concatenate([zero, m_inner, zero])
-
-
 def _spline_eval_weights(x: np.ndarray, xq: np.ndarray):
     """Interval index and the A, B weights of the cubic-spline formula at query points (numpy, fixed grid)."""
     idx = np.clip(np.searchsorted(x, xq, side="right") - 1, 0, x.size - 2)
@@ -119,11 +105,6 @@ def _spline_eval_weights(x: np.ndarray, xq: np.ndarray):
     b = (xq - x[idx]) / h
     a = 1.0 - b
     return idx, a, b, h
-
-
-def _spline_eval(x: np.ndarray, y, m, xq: np.ndarray):
-    idx, a, b, h = _spline_eval_weights(x, xq)
-    return a * y[idx] + b * y[idx + 1] + ((a**3 - a) * m[idx] + (b**3 - b) * m[idx + 1]) * h * h / 6.0
 
 
 def _simpson_weights(n: int, dx: float) -> np.ndarray:
@@ -189,13 +170,28 @@ def sigma_R(k, pk, R, *, check_coverage: bool = True, rtol_tail: float = 1e-4,
     lnk_fine = np.linspace(lnk[0], lnk[-1], n_fine)
     weights = _simpson_weights(n_fine, lnk_fine[1] - lnk_fine[0])
 
-    ln_pk = jnp.log(pk)
-    m = _natural_spline_second_derivs(lnk, ln_pk)
-    ln_pk_fine = _spline_eval(lnk, ln_pk, m, lnk_fine)
-    k_fine = np.exp(lnk_fine)
+    idx, a, b, h = _spline_eval_weights(lnk, lnk_fine)
+    h = np.diff(lnk)
+    sub, diag, sup = np.concatenate([[0.0], h[1:-1]]), 2.0 * (h[:-1] + h[1:]), np.concatenate([h[1:-1], [0.0]])
+    return jnp.sqrt(_sigma2_on_fine_grid(jnp.log(pk), jnp.asarray(R, dtype=float), lnk, h, sub, diag, sup,
+                                         idx, a, b, lnk_fine, weights))
+
+
+@jax.jit
+def _sigma2_on_fine_grid(ln_pk, R, lnk, h, sub, diag, sup, idx, a, b, lnk_fine, weights):
+    """Simpson sum of Delta^2 W^2 on the fine grid; ln P from the natural cubic spline in ln k.
+
+    All grid-dependent arrays are precomputed in numpy and passed in, so one compilation serves
+    every call with the same grid sizes.
+    """
+    rhs = 6.0 * ((ln_pk[2:] - ln_pk[1:-1]) / h[1:] - (ln_pk[1:-1] - ln_pk[:-2]) / h[:-1])
+    m_inner = tridiagonal_solve(sub, diag, sup, rhs[:, None])[:, 0]
+    m = jnp.concatenate([jnp.zeros((1,)), m_inner, jnp.zeros((1,))])
+    hi = lnk[idx + 1] - lnk[idx]
+    ln_pk_fine = (a * ln_pk[idx] + b * ln_pk[idx + 1]
+                  + ((a**3 - a) * m[idx] + (b**3 - b) * m[idx + 1]) * hi * hi / 6.0)
     delta2 = jnp.exp(ln_pk_fine + 3.0 * lnk_fine) / _TWO_PI_SQ
-    integrand = delta2 * tophat_window(k_fine * R) ** 2
-    return jnp.sqrt(jnp.sum(weights * integrand))
+    return jnp.sum(weights * delta2 * tophat_window(jnp.exp(lnk_fine) * R) ** 2)
 
 
 def sigma8(k, pk, h, **kwargs):
