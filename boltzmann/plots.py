@@ -1,0 +1,119 @@
+"""pk.png: the linear matter power spectrum per redshift, optionally against a reference file.
+
+Headless (Agg). With a reference (a pk.csv in the output-contract layout, e.g. the CLASS file
+tests/data/class_lcdm_pk.csv), a second panel shows ours/reference - 1 for every column the two
+files share, with the reference interpolated onto our k by a cubic spline of ln P in ln k
+(restricted to the overlapping k range), and +-1e-3 guide lines: the level at which
+default-precision CLASS and CAMB disagree.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy.interpolate import CubicSpline  # noqa: E402
+
+from boltzmann.output import read_pk_csv, z_label  # noqa: E402
+
+__all__ = ["plot_pk", "ratio_to_reference"]
+
+GUIDE_LEVEL = 1e-3
+
+
+def ratio_to_reference(k, pk, k_ref, pk_ref):
+    """ours/reference - 1 on the part of `k` inside the reference's k range: (k_overlap, ratio)."""
+    k = np.asarray(k, dtype=float)
+    k_ref = np.asarray(k_ref, dtype=float)
+    inside = (k >= k_ref[0]) & (k <= k_ref[-1])
+    if not inside.any():
+        return k[:0], k[:0]
+    spline = CubicSpline(np.log(k_ref), np.log(np.asarray(pk_ref, dtype=float)))
+    ref_on_k = np.exp(spline(np.log(k[inside])))
+    return k[inside], np.asarray(pk, dtype=float)[inside] / ref_on_k - 1.0
+
+
+def plot_pk(path, k, pk_m: Mapping[float, np.ndarray], pk_cb: Mapping[float, np.ndarray] | None = None,
+            zs: Sequence[float] | None = None, reference=None, title: str | None = None):
+    """Write pk.png to `path` and return the matplotlib Figure (closed; for inspection in tests).
+
+    `reference` is a path to a pk.csv-layout file or None. P_cb is drawn dashed when it differs
+    from P_m by more than 1e-6 anywhere.
+    """
+    zs = list(pk_m.keys()) if zs is None else list(zs)
+    k = np.asarray(k, dtype=float)
+    ours = {f"P_m_z{z_label(z)}_Mpc3": np.asarray(pk_m[z]) for z in zs}
+    if pk_cb is not None:
+        ours.update({f"P_cb_z{z_label(z)}_Mpc3": np.asarray(pk_cb[z]) for z in zs})
+
+    ref_k = ref_cols = None
+    shared: list[str] = []
+    if reference is not None:
+        ref_k, ref_cols = read_pk_csv(reference)
+        shared = [name for name in ours if name in ref_cols]
+
+    if reference is not None:
+        fig, (ax, ax_ratio) = plt.subplots(2, 1, figsize=(7.0, 7.0), sharex=True,
+                                           gridspec_kw={"height_ratios": [2.2, 1.0], "hspace": 0.06})
+    else:
+        fig, ax = plt.subplots(figsize=(7.0, 5.0))
+        ax_ratio = None
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, z in enumerate(zs):
+        color = colors[i % len(colors)]
+        ax.loglog(k, pk_m[z], color=color, lw=1.6, label=f"$P_m$, z = {z_label(z)}")
+        if pk_cb is not None:
+            cb = np.asarray(pk_cb[z])
+            if np.max(np.abs(cb / np.asarray(pk_m[z]) - 1)) > 1e-6:
+                ax.loglog(k, cb, color=color, lw=1.1, ls="--", label=f"$P_{{cb}}$, z = {z_label(z)}")
+        if reference is not None:
+            ref_name = f"P_m_z{z_label(z)}_Mpc3"
+            if ref_name in ref_cols:
+                ax.loglog(ref_k, ref_cols[ref_name], color="k", lw=0.8, ls=":",
+                          label="reference" if i == 0 else None)
+    ax.set_ylabel(r"$P(k)$  [Mpc$^3$]")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+
+    if ax_ratio is not None:
+        for i, name in enumerate(shared):
+            k_over, ratio = ratio_to_reference(k, ours[name], ref_k, ref_cols[name])
+            z_text = name.split("_z")[1].rsplit("_Mpc3", 1)[0]
+            species = "m" if name.startswith("P_m_") else "cb"
+            ax_ratio.semilogx(k_over, ratio, lw=1.2, color=colors[zs.index(_z_from_label(z_text, zs)) % len(colors)],
+                              ls="-" if species == "m" else "--", label=f"$P_{{{species}}}$, z = {z_text}")
+        for level in (GUIDE_LEVEL, -GUIDE_LEVEL):
+            ax_ratio.axhline(level, color="0.5", lw=0.8, ls="--")
+        ax_ratio.axhline(0.0, color="0.2", lw=0.6)
+        ax_ratio.set_ylabel("ours / reference − 1")
+        ax_ratio.set_xlabel(r"$k$  [1/Mpc]")
+        ax_ratio.grid(True, which="major", alpha=0.3)
+        ax_ratio.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        if shared:
+            ax_ratio.legend(fontsize=7, frameon=False, ncol=2)
+        else:
+            ax_ratio.text(0.5, 0.5, f"no shared columns with {Path(reference).name}", ha="center",
+                          va="center", transform=ax_ratio.transAxes, fontsize=8)
+        ax_ratio.set_title(f"reference: {Path(reference).name}", fontsize=8, loc="left")
+    else:
+        ax.set_xlabel(r"$k$  [1/Mpc]")
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return fig
+
+
+def _z_from_label(label: str, zs: Sequence[float]) -> float:
+    for z in zs:
+        if z_label(z) == label:
+            return z
+    raise KeyError(label)
