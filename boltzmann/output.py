@@ -15,7 +15,8 @@ tk.csv
     CLASS 'class' normalisation (unit primordial curvature; d_* density contrasts, t_* velocity
     divergences theta in 1/Mpc, synchronous gauge).
 summary.json
-    ``sigma8`` and ``sigma8_cb`` (dicts keyed by the same z strings), ``z`` (the strings in
+    ``sigma8`` and ``sigma8_cb`` (dicts keyed by the same z strings; null where the k range did
+    not allow it, with the reason in ``sigma8_problems``), ``z`` (the strings in
     order), ``parameters`` (resolved cosmology), ``backend``, ``solver_stats``,
     ``timings_s`` (wall seconds per stage), ``k_range_1/Mpc``, ``n_k``, ``files``, ``produced_by``.
 """
@@ -172,6 +173,10 @@ def _jsonable(obj):
     return str(obj)
 
 
+def _optional_float(value):
+    return None if value is None else float(value)
+
+
 def write_summary_json(path, *, zs: Sequence[float], sigma8: Mapping[float, float], sigma8_cb: Mapping[float, float],
                        parameters: Mapping, backend: str, solver_stats: Mapping, timings: Mapping[str, float],
                        k=None, extra: Mapping | None = None) -> Path:
@@ -180,8 +185,8 @@ def write_summary_json(path, *, zs: Sequence[float], sigma8: Mapping[float, floa
     summary = {
         "produced_by": _produced_by(),
         "z": [z_label(z) for z in zs],
-        "sigma8": {z_label(z): float(sigma8[z]) for z in zs},
-        "sigma8_cb": {z_label(z): float(sigma8_cb[z]) for z in zs},
+        "sigma8": {z_label(z): _optional_float(sigma8[z]) for z in zs},
+        "sigma8_cb": {z_label(z): _optional_float(sigma8_cb[z]) for z in zs},
         "parameters": _jsonable(dict(parameters)),
         "backend": str(backend),
         "solver_stats": _jsonable(dict(solver_stats)),

@@ -1,0 +1,254 @@
+"""The command-line job (boltzmann.cli, scripts/transfer.py) on a fake pipeline.
+
+The fake pipeline returns CLASS's own transfer functions from tests/data (z = 0) and a rescaled
+copy as a second redshift, so expected numbers come from the reference data, not from constants.
+"""
+import dataclasses
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from boltzmann import cli, output, plots, spectra
+from boltzmann.progress import ProgressReporter
+
+DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[1]
+GROWTH_Z05 = 0.77  # arbitrary rescaling that makes the fake z = 0.5 block differ from z = 0
+
+
+@dataclasses.dataclass
+class FakeResult:
+    k: np.ndarray
+    z: list
+    transfers: dict
+    cosmology: dict
+    backend: str = "fake"
+    solver_stats: dict = dataclasses.field(default_factory=dict)
+    timings: dict = dataclasses.field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    params = yaml.safe_load((DATA / "params.yaml").read_text())
+    k, cols = output.read_pk_csv(DATA / "class_lcdm_tk.csv")
+    return params, k, cols
+
+
+def _fake_run_factory(reference, k_max=None, solver_stats=None, calls=None):
+    params, k, cols = reference
+    common = params["class_input"]["common"]
+    keep = np.ones(k.size, bool) if k_max is None else k <= k_max
+    z0 = {name: cols[name][keep] for name in ("d_g", "d_b", "d_cdm", "d_ur", "d_ncdm[0]", "d_m", "t_g", "t_b",
+                                               "h_prime", "eta")}
+    cosmology = dict(common, omega_m=params["derived"]["class_massive"]["omega_m"])
+
+    def run(config, *, backend="auto", progress=None):
+        if calls is not None:
+            calls.append((config, backend))
+        for done in range(0, 5):
+            progress("perturbations", done, 4)
+        return FakeResult(k=k[keep], z=[0.0, 0.5], transfers={0.0: z0, 0.5: {n: GROWTH_Z05 * v for n, v in z0.items()}},
+                          cosmology=cosmology, solver_stats=dict(solver_stats or {"n_modes": int(keep.sum())}),
+                          timings={"background": 0.01, "perturbations": 0.5})
+    return run
+
+
+@pytest.fixture
+def config_file(tmp_path, monkeypatch):
+    """A config file plus a stand-in loader, so these tests do not depend on params.py's schema."""
+    path = tmp_path / "lcdm.yaml"
+    path.write_text("name: fake\n")
+    monkeypatch.setattr(cli, "_load_config", lambda p: SimpleNamespace(
+        name="fake-lcdm", output=SimpleNamespace(dir=str(tmp_path / "default_out"))))
+    return path
+
+
+def _main(argv, run):
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.main([str(a) for a in argv], run=run, stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _header(path):
+    return [line for line in Path(path).read_text().splitlines() if line.startswith("#")][-1]
+
+
+def test_cli_writes_the_three_files_with_exact_headers(reference, config_file, tmp_path):
+    params, _, _ = reference
+    out_dir = tmp_path / "run"
+    calls = []
+    code, out, err = _main(["--config", config_file, "--out", out_dir, "--no-plot", "--backend", "jax"],
+                           _fake_run_factory(reference, calls=calls))
+    assert code == 0, err
+    assert calls[0][1] == "jax"
+    assert _header(out_dir / "pk.csv") == "# k_1/Mpc,P_m_z0_Mpc3,P_m_z0.5_Mpc3,P_cb_z0_Mpc3,P_cb_z0.5_Mpc3"
+    tk_header = _header(out_dir / "tk.csv")[2:].split(",")
+    assert tk_header[:2] == ["k_1/Mpc", "d_g_z0"] and "d_ncdm[0]_z0.5" in tk_header and "eta_z0.5" in tk_header
+    assert not (out_dir / "pk.png").exists()
+
+    k, pk_cols = output.read_pk_csv(out_dir / "pk.csv")
+    common = params["class_input"]["common"]
+    _, tk_cols = output.read_pk_csv(out_dir / "tk.csv")
+    expected = spectra.power_from_transfer(k, tk_cols["d_m_z0.5"], common["A_s"], common["n_s"], common["k_pivot"])
+    np.testing.assert_allclose(pk_cols["P_m_z0.5_Mpc3"], expected, rtol=1e-8)
+    np.testing.assert_allclose(pk_cols["P_m_z0.5_Mpc3"], GROWTH_Z05**2 * pk_cols["P_m_z0_Mpc3"], rtol=1e-8)
+
+    summary = json.loads((out_dir / "summary.json").read_text())
+    derived = params["derived"]["class_massive"]
+    # CLASS's transfers on CLASS's native k grid must give CLASS's sigma8 (d_cb formed from omega_b, omega_cdm)
+    assert summary["sigma8"]["0"] == pytest.approx(derived["sigma8"], rel=1e-4)
+    assert summary["sigma8_cb"]["0"] == pytest.approx(derived["sigma8_cb"], rel=1e-4)
+    assert summary["sigma8"]["0.5"] == pytest.approx(GROWTH_Z05 * summary["sigma8"]["0"], rel=1e-10)
+    assert summary["backend"] == "fake" and summary["parameters"]["h"] == common["h"]
+    assert {"background", "perturbations", "spectra", "write"} <= set(summary["timings_s"])
+    assert "perturbations: 4/4" in err and "timings:" in err
+    assert "sigma8 =" in out
+
+
+def test_cli_uses_config_output_dir_by_default_and_plots(reference, config_file, tmp_path):
+    code, _, err = _main(["--config", config_file, "--quiet"], _fake_run_factory(reference))
+    assert code == 0, err
+    assert err == ""
+    for name in ("pk.csv", "tk.csv", "summary.json", "pk.png"):
+        assert (tmp_path / "default_out" / name).is_file()
+
+
+def test_cli_compare_adds_ratio_panel(reference, config_file, tmp_path, monkeypatch):
+    figures = []
+    original = plots.plot_pk
+
+    def capture(*args, **kwargs):
+        figures.append(original(*args, **kwargs))
+        return figures[-1]
+
+    monkeypatch.setattr(plots, "plot_pk", capture)
+    out_dir = tmp_path / "cmp"
+    code, _, err = _main(["--config", config_file, "--out", out_dir, "--quiet", "--compare",
+                          DATA / "class_lcdm_pk.csv"], _fake_run_factory(reference))
+    assert code == 0, err
+    assert (out_dir / "pk.png").stat().st_size > 10_000
+    ax_main, ax_ratio = figures[0].axes
+    assert ax_main.get_xscale() == "log" and ax_main.get_yscale() == "log"
+    # P_m z0, P_cb z0 are shared with the CLASS file (z0.5 is not): two ratio curves
+    assert len(ax_ratio.get_lines()) >= 2
+    ratio = ax_ratio.get_lines()[0].get_ydata()
+    assert np.max(np.abs(ratio)) < 5e-3  # CLASS transfers vs CLASS P(k): only interpolation differences
+
+
+def test_ratio_to_reference_is_zero_for_identical_spectra():
+    k, cols = output.read_pk_csv(DATA / "class_lcdm_pk.csv")
+    k_our = np.logspace(-3, 0, 50)
+    pk_our = np.exp(np.interp(np.log(k_our), np.log(k), np.log(cols["P_m_z0_Mpc3"])))
+    k_over, ratio = plots.ratio_to_reference(k, cols["P_m_z0_Mpc3"], k, cols["P_m_z0_Mpc3"])
+    assert k_over.size == k.size and np.max(np.abs(ratio)) < 1e-12
+    k_over, _ = plots.ratio_to_reference(np.logspace(-6, 2, 30), np.ones(30), k, cols["P_m_z0_Mpc3"])
+    assert k_over.min() >= k[0] and k_over.max() <= k[-1]
+    assert pk_our.size == 50
+
+
+def test_missing_config_and_compare_file_exit_2(reference, tmp_path):
+    code, _, err = _main(["--config", tmp_path / "nope.yaml"], _fake_run_factory(reference))
+    assert code == 2 and "nope.yaml" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_missing_compare_file_exit_2(reference, config_file, tmp_path):
+    code, _, err = _main(["--config", config_file, "--compare", tmp_path / "ref.csv"], _fake_run_factory(reference))
+    assert code == 2 and "ref.csv" in err
+
+
+def test_bad_config_names_the_key(tmp_path, reference):
+    params = pytest.importorskip("boltzmann.params")
+    assert hasattr(params, "load_config")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cosmology:\n  h: 0.6736\n  omega_bb: 0.02237\n")
+    code, _, err = _main(["--config", bad], _fake_run_factory(reference))
+    assert code == 2
+    assert "omega_bb" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_gradients_not_yet_available(reference, config_file):
+    code, _, err = _main(["--config", config_file, "--gradients"], _fake_run_factory(reference))
+    assert code == 2 and "not yet available" in err
+
+
+def test_gradients_passed_on_when_supported(reference, config_file, tmp_path):
+    base = _fake_run_factory(reference)
+    seen = {}
+
+    def run(config, *, backend="auto", progress=None, gradients=False):
+        seen["gradients"] = gradients
+        result = base(config, backend=backend, progress=progress)
+        result.gradients = {"sigma8": {"A_s": 1.0}}
+        return result
+
+    code, _, err = _main(["--config", config_file, "--gradients", "--quiet", "--no-plot", "--out", tmp_path / "g"], run)
+    assert code == 0, err
+    assert seen["gradients"] is True
+    assert json.loads((tmp_path / "g" / "summary.json").read_text())["gradients"] == {"sigma8": {"A_s": 1.0}}
+
+
+def test_failed_modes_are_named(reference, config_file):
+    stats = {"failed_k": [0.123, 0.456], "failure_reasons": ["max_steps"]}
+    code, _, err = _main(["--config", config_file, "--quiet"], _fake_run_factory(reference, solver_stats=stats))
+    assert code == 1
+    assert "2 of" in err and "0.123" in err and "0.456" in err and "max_steps" in err and err.count("\n") == 1
+
+
+def test_pipeline_exception_is_one_line_unless_debug(reference, config_file):
+    def run(config, *, backend="auto", progress=None):
+        raise RuntimeError("thermodynamics did not converge\nat z = 1100")
+
+    code, _, err = _main(["--config", config_file], run)
+    assert code == 1 and "thermodynamics did not converge at z = 1100" in err and err.count("\n") == 1
+    with pytest.raises(RuntimeError):
+        _main(["--config", config_file, "--debug"], run)
+
+
+def test_narrow_k_range_writes_files_then_fails_naming_needed_k(reference, config_file, tmp_path):
+    out_dir = tmp_path / "narrow"
+    code, _, err = _main(["--config", config_file, "--out", out_dir, "--quiet", "--no-plot"],
+                         _fake_run_factory(reference, k_max=0.5))
+    assert code == 1 and "needs k from" in err and "1/Mpc" in err
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["sigma8"]["0"] is None and summary["sigma8_problems"]
+    assert (out_dir / "pk.csv").is_file()
+
+
+def test_progress_reporter_plain_and_tty_modes():
+    plain = io.StringIO()
+    reporter = ProgressReporter(stream=plain, interactive=False)
+    for done in range(101):
+        reporter("perturbations", done, 100)
+    lines = plain.getvalue().splitlines()
+    assert 10 <= len(lines) <= 12 and lines[-1].startswith("perturbations: 100/100")
+    assert "perturbations" in reporter.timings
+
+    tty = io.StringIO()
+    reporter = ProgressReporter(stream=tty, interactive=True)
+    reporter("background", 0, 1)
+    reporter("background", 1, 1)
+    reporter("perturbations", 1, 3)
+    reporter.close()
+    text = tty.getvalue()
+    assert text.count("\r") == 3 and text.endswith("\n") and "perturbations: 1/3" in text
+
+    quiet = io.StringIO()
+    reporter = ProgressReporter(stream=quiet, enabled=False)
+    reporter("x", 1, 2)
+    assert quiet.getvalue() == "" and "x" in reporter.timings
+
+
+def test_script_help_and_clean_failure():
+    script = REPO / "scripts" / "transfer.py"
+    help_run = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert help_run.returncode == 0 and "--compare" in help_run.stdout
+    bad = subprocess.run([sys.executable, str(script), "--config", "no_such_config_xyz"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "no_such_config_xyz" in bad.stderr and "Traceback" not in bad.stderr
