@@ -1,7 +1,7 @@
 """pk.png: the linear matter power spectrum per redshift, optionally against a reference file.
 
 Headless (Agg). With a reference (a pk.csv in the output-contract layout, e.g. the CLASS file
-tests/data/class_lcdm_pk.csv), a second panel shows ours/reference - 1 for every column the two
+tests/data/class_lcdm_pk.csv), a second panel shows ours/reference - 1 (in units of 1e-3) for every column the two
 files share, with the reference interpolated onto our k by a cubic spline of ln P in ln k
 (restricted to the overlapping k range), and +-1e-3 guide lines: the level at which
 default-precision CLASS and CAMB disagree.
@@ -23,6 +23,7 @@ from boltzmann.output import read_pk_csv, z_label  # noqa: E402
 __all__ = ["plot_pk", "ratio_to_reference"]
 
 GUIDE_LEVEL = 1e-3
+RATIO_UNIT = 1e-3  # the ratio panel's y axis is in units of 1e-3 (its line data too)
 
 
 def ratio_to_reference(k, pk, k_ref, pk_ref):
@@ -87,21 +88,20 @@ def plot_pk(path, k, pk_m: Mapping[float, np.ndarray], pk_cb: Mapping[float, np.
             k_over, ratio = ratio_to_reference(k, ours[name], ref_k, ref_cols[name])
             z_text = name.split("_z")[1].rsplit("_Mpc3", 1)[0]
             species = "m" if name.startswith("P_m_") else "cb"
-            ax_ratio.semilogx(k_over, ratio, lw=1.2, color=colors[zs.index(_z_from_label(z_text, zs)) % len(colors)],
+            ax_ratio.semilogx(k_over, ratio / RATIO_UNIT, lw=1.2, color=colors[zs.index(_z_from_label(z_text, zs)) % len(colors)],
                               ls="-" if species == "m" else "--", label=f"$P_{{{species}}}$, z = {z_text}")
         for level in (GUIDE_LEVEL, -GUIDE_LEVEL):
-            ax_ratio.axhline(level, color="0.5", lw=0.8, ls="--")
+            ax_ratio.axhline(level / RATIO_UNIT, color="0.5", lw=0.8, ls="--")
         ax_ratio.axhline(0.0, color="0.2", lw=0.6)
-        ax_ratio.set_ylabel("ours / reference − 1")
+        ax_ratio.set_ylabel(r"ours / ref $-$ 1  [$10^{-3}$]")
         ax_ratio.set_xlabel(r"$k$  [1/Mpc]")
         ax_ratio.grid(True, which="major", alpha=0.3)
-        ax_ratio.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
         if shared:
-            ax_ratio.legend(fontsize=7, frameon=False, ncol=2)
+            ax_ratio.legend(fontsize=7, frameon=False, ncol=2, title=f"vs {Path(reference).name}",
+                            title_fontsize=7)
         else:
             ax_ratio.text(0.5, 0.5, f"no shared columns with {Path(reference).name}", ha="center",
                           va="center", transform=ax_ratio.transAxes, fontsize=8)
-        ax_ratio.set_title(f"reference: {Path(reference).name}", fontsize=8, loc="left")
     else:
         ax.set_xlabel(r"$k$  [1/Mpc]")
 

@@ -138,7 +138,7 @@ def test_cli_compare_adds_ratio_panel(reference, config_file, tmp_path, monkeypa
     assert ax_main.get_xscale() == "log" and ax_main.get_yscale() == "log"
     # P_m z0, P_cb z0 are shared with the CLASS file (z0.5 is not): two ratio curves
     assert len(ax_ratio.get_lines()) >= 2
-    ratio = ax_ratio.get_lines()[0].get_ydata()
+    ratio = ax_ratio.get_lines()[0].get_ydata() * plots.RATIO_UNIT
     assert np.max(np.abs(ratio)) < 5e-3  # CLASS transfers vs CLASS P(k): only interpolation differences
 
 
