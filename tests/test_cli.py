@@ -252,3 +252,15 @@ def test_script_help_and_clean_failure():
     bad = subprocess.run([sys.executable, str(script), "--config", "no_such_config_xyz"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "no_such_config_xyz" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bare_config_name_with_real_loader(reference, tmp_path):
+    params = pytest.importorskip("boltzmann.params")
+    if not (REPO / "configs" / "lcdm.yaml").is_file():
+        pytest.skip("configs/lcdm.yaml not present")
+    seen = []
+    code, _, err = _main(["--config", "lcdm", "--out", tmp_path / "o", "--quiet", "--no-plot"],
+                         _fake_run_factory(reference, calls=seen))
+    assert code == 0, err
+    assert isinstance(seen[0][0], params.Config)
+    assert (tmp_path / "o" / "summary.json").is_file()
