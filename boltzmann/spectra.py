@@ -170,7 +170,7 @@ def sigma_R(k, pk, R, *, check_coverage: bool = True, rtol_tail: float = 1e-4,
     lnk_fine = np.linspace(lnk[0], lnk[-1], n_fine)
     weights = _simpson_weights(n_fine, lnk_fine[1] - lnk_fine[0])
 
-    idx, a, b, h = _spline_eval_weights(lnk, lnk_fine)
+    idx, a, b, _ = _spline_eval_weights(lnk, lnk_fine)
     h = np.diff(lnk)
     sub, diag, sup = np.concatenate([[0.0], h[1:-1]]), 2.0 * (h[:-1] + h[1:]), np.concatenate([h[1:-1], [0.0]])
     return jnp.sqrt(_sigma2_on_fine_grid(jnp.log(pk), jnp.asarray(R, dtype=float), lnk, h, sub, diag, sup,
