@@ -91,6 +91,7 @@ def test_cb_transfer_is_density_weighted():
     np.testing.assert_allclose(np.asarray(d), [(0.12 + 0.06) / 0.14, 2.0], rtol=1e-15)
 
 
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")  # quad's roundoff notice at 1e-12
 @pytest.mark.parametrize("points_per_decade", [30, 80])
 def test_sigma_R_converged_against_quad(points_per_decade):
     k = np.logspace(-5, math.log10(30.0), int(points_per_decade * (math.log10(30) + 5)))
