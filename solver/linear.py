@@ -2,11 +2,14 @@
 
 ``build_linear_solver(pattern, method)`` returns a :class:`LinearSolver` whose ``factor(w)`` takes
 ``W`` as a flat vector in slot layout (``w[s]`` is entry ``(slot_rows[s], slot_cols[s])``) and whose
-``solve(lu, b)`` solves ``W x = b``.  Both are pure JAX functions of one trajectory; vmap them for an
-ensemble.  Two methods (DESIGN §6):
+``solve(lu, b)`` solves ``W x = b``.  Both are pure JAX functions of one trajectory (jit-wrapped for
+the sparse methods, so eager calls do not dispatch op by op); vmap them for an ensemble.  Two methods (DESIGN §6):
 
-* ``"sparse"``: AMD ordering + exact symbolic fill + generated straight-line unpivoted LU
-  (:mod:`solver.sparse_lu`); above ``UNROLL_MAX_OPS`` operations, the table-driven version.
+* ``"sparse"``: AMD ordering + exact symbolic fill + unpivoted LU compiled for the pattern
+  (:mod:`solver.sparse_lu`).  The straight-line generated source is always built and exposed as
+  ``source`` (for the CUDA backend); the JAX functions default to the level-scheduled form because
+  XLA's CPU compiler is very slow on thousands of scalar ops (see ``jax_impl``); above
+  ``UNROLL_MAX_OPS`` operations, the table-driven version.
 * ``"dense"``: ``slots = n*n`` row-major, LU with partial pivoting (``jax.scipy.linalg``).
 
 ``"auto"`` picks dense for ``n <= DENSE_MAX_N`` (see docs/solver_linear_algebra.md for the timing
@@ -20,7 +23,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .codegen import compile_functions
-from .sparse_lu import SymbolicLU, generate_lu_source, symbolic_lu, table_lu_functions, _check_pattern
+from .sparse_lu import (SymbolicLU, _check_pattern, generate_lu_source, level_lu_functions,
+                        symbolic_lu, table_lu_functions)
 
 __all__ = ["LinearSolver", "build_linear_solver", "DENSE_MAX_N", "UNROLL_MAX_OPS"]
 
@@ -30,6 +34,7 @@ DENSE_MAX_N = 8
 UNROLL_MAX_OPS = 20000
 
 _METHODS = ("auto", "dense", "sparse")
+_JAX_IMPLS = ("levels", "unrolled", "table")
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class LinearSolver:
 
     Attributes: ``n``; ``nslots`` (length of ``w``); ``diag_slots[i]`` slot of ``(i, i)``;
     ``slot_rows``/``slot_cols`` original indices of each slot; ``is_fill`` slots not in the pattern
-    (zero in ``W``); ``method`` ("dense" | "sparse" | "sparse-table"); ``source`` the generated
+    (zero in ``W``); ``method`` ("dense" | "sparse" (levels) | "sparse-unrolled" | "sparse-table"); ``source`` the generated
     Python source (None for dense and table-driven); ``symbolic`` the :class:`SymbolicLU` (sparse).
     """
 
@@ -88,17 +93,24 @@ def _dense_solver(n: int) -> LinearSolver:
                         factor=factor, solve=solve)
 
 
-def _sparse_solver(pattern: np.ndarray, unroll_max_ops: int) -> LinearSolver:
+def _sparse_solver(pattern: np.ndarray, unroll_max_ops: int, jax_impl: str) -> LinearSolver:
+    import jax
     import jax.numpy as jnp
 
     sym = symbolic_lu(pattern)
     n_factor, n_solve = sym.op_counts()
     common = dict(n=sym.n, nslots=sym.nnz, diag_slots=sym.diag_slots, slot_rows=sym.slot_rows,
                   slot_cols=sym.slot_cols, is_fill=sym.is_fill, symbolic=sym)
-    if n_factor + n_solve > unroll_max_ops:
+    if jax_impl == "table" or n_factor + n_solve > unroll_max_ops:
         table_factor, table_solve = table_lu_functions(sym)
-        return LinearSolver(method="sparse-table", factor=table_factor, solve=table_solve, **common)
+        return LinearSolver(method="sparse-table", factor=jax.jit(table_factor),
+                            solve=jax.jit(table_solve), **common)
     factor_src, solve_src = generate_lu_source(sym)
+    if jax_impl == "levels":
+        level_factor, level_solve = level_lu_functions(sym)
+        source = factor_src + "\n\n" + solve_src
+        return LinearSolver(method="sparse", factor=jax.jit(level_factor),
+                            solve=jax.jit(level_solve), source=source, **common)
     source = factor_src + "\n\n" + solve_src
     fns = compile_functions(source, ["lu_factor", "lu_solve"],
                             label=f"sparse_lu n={sym.n} nnz={sym.nnz}")
@@ -110,18 +122,28 @@ def _sparse_solver(pattern: np.ndarray, unroll_max_ops: int) -> LinearSolver:
     def solve(lu, b):
         return jnp.stack(gen_solve(lu, jnp.asarray(b)))
 
-    return LinearSolver(method="sparse", factor=factor, solve=solve, source=source, **common)
+    return LinearSolver(method="sparse-unrolled", factor=factor, solve=solve, source=source,
+                        **common)
 
 
 def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = UNROLL_MAX_OPS,
-                        dense_max_n: int = DENSE_MAX_N) -> LinearSolver:
+                        dense_max_n: int = DENSE_MAX_N, jax_impl: str = "levels") -> LinearSolver:
     """Build the factor/solve pair for ``W`` with structure ``pattern | I``.
 
     ``pattern``: square boolean array (``[i, j]`` True where ``J`` may be nonzero); the diagonal is
     always added.  ``method``: "auto", "dense" or "sparse".
+
+    ``jax_impl`` (sparse only) chooses how the JAX functions run the compiled elimination:
+    "levels" (default; dependency-level vectorised gathers/scatters, compiles in seconds),
+    "unrolled" (the generated straight-line source itself: exactly what the CUDA backend compiles,
+    but XLA CPU compile time grows to tens of seconds at ~1000 operations), "table" (fori_loop over
+    index tables: fastest to compile, slowest to run).  All share the slot and factor layout, and
+    ``source`` always holds the generated straight-line code.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if jax_impl not in _JAX_IMPLS:
+        raise ValueError(f"jax_impl must be one of {_JAX_IMPLS}, got {jax_impl!r}")
     pat = _check_pattern(pattern)
     n = pat.shape[0]
     if n == 0:
@@ -130,4 +152,4 @@ def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = 
         method = "dense" if n <= dense_max_n else "sparse"
     if method == "dense":
         return _dense_solver(n)
-    return _sparse_solver(pat, unroll_max_ops)
+    return _sparse_solver(pat, unroll_max_ops, jax_impl)
