@@ -123,7 +123,7 @@ def test_assemble_w_and_solve():
     solver = build_linear_solver(pattern)
     plan = build_jacobian_plan(pattern, solver)
     y = jnp.asarray(np.random.default_rng(3).uniform(0.1, 1, size=n))
-    jvals, _ = plan.jac_and_dfdt(rhs, y, 0.1, p)
+    jvals, _ = jax.jit(lambda y_: plan.jac_and_dfdt(rhs, y_, 0.1, p))(y)
     inv_h_gamma = 50.0
     w = assemble_w(jvals, solver.diag_slots, inv_h_gamma)
     dense_w = inv_h_gamma * np.eye(n) - jacfwd_dense(rhs, y, 0.1, p)
