@@ -220,6 +220,19 @@ def free_electron_fraction(lna, y, p: RecombinationParams):
     return x_rest + x3, x3
 
 
+def compton_rate_per_lna(lna, x_e, p: RecombinationParams, H_si):
+    """Compton coupling rate of the baryon temperature per ln a (dimensionless),
+    (8 sigma_T a_R T_g^4 / 3 m_e c) x_e / (1 + f_He + x_e) / H, with H_si in 1/s."""
+    T_g = p.T_cmb / jnp.exp(lna)
+    return COMPTON_RATE * T_g**4 * x_e / (1.0 + p.f_He + x_e) / H_si
+
+
+def temperature_ratio_rhs(theta, compton_per_lna):
+    """d theta / d ln a for theta = T_b/T_gamma: -theta (adiabatic a^-2 against T_gamma's a^-1)
+    plus the Compton relaxation towards 1."""
+    return -theta + compton_per_lna * (1.0 - theta)
+
+
 def saha_state(lna, p: RecombinationParams, iterations: int = 4):
     """Saha-equilibrium state (x_H, x_He, theta = 1) at T_b = T_gamma: the initial condition.
 
@@ -328,8 +341,7 @@ def recombination_rhs(
 
     # ---- baryon temperature, as theta = T_b / T_gamma
     x_c = x_e if electron_fraction_for_compton is None else electron_fraction_for_compton(lna, x_e)
-    compton = COMPTON_RATE * T_g**4 * x_c / (1.0 + p.f_He + x_c) / H  # per ln a
-    dtheta = -theta - compton * (theta - 1.0)
+    dtheta = temperature_ratio_rhs(theta, compton_rate_per_lna(lna, x_c, p, H))
 
     return jnp.stack([dxH_dt / H, dxHe_dt / H / 1.0, dtheta])
 
