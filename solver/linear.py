@@ -29,7 +29,7 @@ from .sparse_lu import (SymbolicLU, _check_pattern, generate_lu_source, level_lu
 __all__ = ["LinearSolver", "build_linear_solver", "DENSE_MAX_N", "UNROLL_MAX_OPS"]
 
 #: ``method="auto"`` uses the dense pivoted LU up to this size (measured, see docs).
-DENSE_MAX_N = 8
+DENSE_MAX_N = 6
 #: Straight-line code up to this many factor + solve operations; index tables above.
 UNROLL_MAX_OPS = 20000
 
