@@ -21,6 +21,7 @@ derivatives for cubic Hermite interpolation.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +51,7 @@ def _rho0(cosmo: CosmoParams):
     }
 
 
+@jax.jit
 def w_fld(cosmo: CosmoParams, a):
     """CPL equation of state ``w(a) = w0 + wa (1 - a)`` (returns -1 when Lambda is used)."""
     a = jnp.asarray(a, dtype=jnp.float64)
@@ -81,6 +83,7 @@ def ncdm_rho_p(cosmo: CosmoParams, a, nodes=None):
     return _ncdm.rho_p_ncdm(a[None], m, t0, deg, nodes)
 
 
+@jax.jit
 def rho_tilde(cosmo: CosmoParams, a) -> dict:
     """Densities ``8 pi G rho_X / 3`` [1/Mpc^2] at scale factor(s) ``a``.
 
@@ -102,6 +105,7 @@ def rho_tilde(cosmo: CosmoParams, a) -> dict:
     return out
 
 
+@jax.jit
 def pressure_tilde(cosmo: CosmoParams, a) -> dict:
     """Pressures ``8 pi G p_X / 3`` [1/Mpc^2], same keys and shapes as :func:`rho_tilde`."""
     a = jnp.asarray(a, dtype=jnp.float64)
@@ -127,27 +131,32 @@ def _total(d: dict):
     return tot
 
 
+@jax.jit
 def rho_tot(cosmo: CosmoParams, a):
     """Total rho_tilde [1/Mpc^2] (= H^2)."""
     return _total(rho_tilde(cosmo, a))
 
 
+@jax.jit
 def p_tot(cosmo: CosmoParams, a):
     """Total pressure p_tilde [1/Mpc^2]."""
     return _total(pressure_tilde(cosmo, a))
 
 
+@jax.jit
 def hubble(cosmo: CosmoParams, a):
     """Hubble rate H(a) in 1/Mpc."""
     return jnp.sqrt(rho_tot(cosmo, a))
 
 
+@jax.jit
 def conformal_hubble(cosmo: CosmoParams, a):
     """Conformal Hubble rate aH = a'/a (prime: d/dtau) in 1/Mpc."""
     a = jnp.asarray(a, dtype=jnp.float64)
     return a * hubble(cosmo, a)
 
 
+@jax.jit
 def dhubble_dlna(cosmo: CosmoParams, a):
     """dH/dln a = -(3/2) (rho_tot + p_tot) / H (Friedmann + continuity, flat)."""
     return -1.5 * (rho_tot(cosmo, a) + p_tot(cosmo, a)) / hubble(cosmo, a)
@@ -260,6 +269,7 @@ class BackgroundTable:
         return lna
 
 
+@partial(jax.jit, static_argnames=("a_min", "n", "lna_max"))
 def background_table(cosmo: CosmoParams, a_min: float = 1e-10, n: int = 2000,
                      lna_max: float = 0.05) -> BackgroundTable:
     """Tabulate the background on ``n`` uniform ln a nodes from ``ln(a_min)`` to ``lna_max``.

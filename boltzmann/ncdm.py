@@ -191,6 +191,8 @@ def perturbation_quadrature(n_q: int, method: str = "auto") -> tuple[np.ndarray,
     if method != "gauss" and n_q in _OPTIMISED_RULES:
         q = np.array(_OPTIMISED_RULES[n_q][0])
         w = np.array(_OPTIMISED_RULES[n_q][1])
+        order = np.argsort(q)  # the optimiser may have let nodes pass each other
+        q, w = q[order], w[order]
         return q, w, dlnf0_dlnq(q)
     q, w, s = _perturbation_quadrature_cached(n_q)
     return q.copy(), w.copy(), s.copy()
