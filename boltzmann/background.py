@@ -314,8 +314,60 @@ def background_table(cosmo: CosmoParams, a_min: float = 1e-10, n: int = 2000,
     return BackgroundTable(values=values, derivs=derivs, lna_min=lna_min, dlna=float(dlna), n=n)
 
 
+# ----------------------------------------------------------------------------- growth
+def _hermite(y0, y1, d0, d1, u, h):
+    u2, u3 = u * u, u * u * u
+    return ((2 * u3 - 3 * u2 + 1) * y0 + (u3 - 2 * u2 + u) * h * d0
+            + (-2 * u3 + 3 * u2) * y1 + (u3 - u2) * h * d1)
+
+
+@partial(jax.jit, static_argnames=("a_ini", "n"))
+def growth_factor(cosmo: CosmoParams, a, a_ini: float = 1e-8, n: int = 4000):
+    """Scale-independent linear growth: ``(D(a), f(a))`` with ``D(1) = 1`` and ``f = dlnD/dlna``.
+
+    Solves ``D'' + (2 + dlnH/dlna) D' = (3/2) Omega_M(a) D`` (primes: d/dln a) with
+    ``Omega_M = (rho_b + rho_cdm) / H^2`` -- the same source term as CLASS's ``gr.fac. D`` column
+    (massive neutrinos and radiation enter only through H) -- from the Meszaros growing mode
+    ``D ∝ 1 + 3y/2``, ``y = rho_M / rho_rad`` at ``a_ini`` (Meszaros 1974), by classical RK4 on
+    ``n`` uniform ln a steps, then cubic Hermite interpolation.  An approximation for massive
+    neutrino cosmologies; the exact, scale-dependent growth comes from the perturbations.
+    """
+    a = jnp.asarray(a, dtype=jnp.float64)
+    lna_grid = jnp.linspace(np.log(a_ini), 0.0, n)
+    step = -np.log(a_ini) / (n - 1)
+
+    def rhs(x, y):
+        ax = jnp.exp(x)
+        rho = rho_tilde(cosmo, ax)
+        h2 = rho_tot(cosmo, ax)
+        dlnh = dhubble_dlna(cosmo, ax) / jnp.sqrt(h2)
+        return jnp.stack([y[1], -(2.0 + dlnh) * y[1] + 1.5 * (rho["b"] + rho["cdm"]) / h2 * y[0]])
+
+    rho_i = rho_tilde(cosmo, a_ini)
+    y_rat = (rho_i["b"] + rho_i["cdm"]) / (rho_i["g"] + rho_i["ur"] + jnp.sum(rho_i["ncdm"]))
+    y0 = jnp.stack([1.0 + 1.5 * y_rat, 1.5 * y_rat])
+
+    def rk4(y, x):
+        k1 = rhs(x, y)
+        k2 = rhs(x + step / 2, y + step / 2 * k1)
+        k3 = rhs(x + step / 2, y + step / 2 * k2)
+        k4 = rhs(x + step, y + step * k3)
+        y_new = y + step / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        return y_new, y_new
+
+    _, ys = jax.lax.scan(rk4, y0, lna_grid[:-1])
+    ys = jnp.concatenate([y0[None], ys])            # (n, 2): D, dD/dlna
+    dys = jax.vmap(rhs)(lna_grid, ys)               # (n, 2): dD/dlna, d2D/dlna2
+    s_idx = (jnp.log(a) - np.log(a_ini)) / step
+    i = jnp.clip(jnp.floor(s_idx).astype(jnp.int32), 0, n - 2)
+    u = jnp.clip(s_idx - i, 0.0, 1.0)
+    d_val = _hermite(ys[i, 0], ys[i + 1, 0], dys[i, 0], dys[i + 1, 0], u, step)
+    dp_val = _hermite(ys[i, 1], ys[i + 1, 1], dys[i, 1], dys[i + 1, 1], u, step)
+    return d_val / ys[-1, 0], dp_val / d_val
+
+
 __all__ = [
     "w_fld", "ncdm_rho_p", "rho_tilde", "pressure_tilde", "rho_tot", "p_tot", "hubble",
     "conformal_hubble", "dhubble_dlna", "conformal_time", "proper_time", "conformal_age",
-    "age_gyr", "comoving_distance", "BackgroundTable", "background_table",
+    "age_gyr", "comoving_distance", "BackgroundTable", "background_table", "growth_factor",
 ]

@@ -176,6 +176,16 @@ def test_table_is_a_pytree_and_jittable(lcdm):
                                                 rel=1e-7)
 
 
+def test_growth_factor_matches_class(lcdm, class_bg):
+    z = class_bg["z"]
+    late = z < 100
+    d, f = bg.growth_factor(lcdm, 1.0 / (1.0 + z[late]))
+    assert rel(d, class_bg["gr.fac. D"][late]).max() < 1e-5
+    assert rel(f, class_bg["gr.fac. f"][late]).max() < 1e-5
+    d1, f1 = bg.growth_factor(lcdm, 1.0)
+    assert float(d1) == pytest.approx(1.0, abs=1e-14)
+
+
 # ----------------------------------------------------------------------------- derivatives
 def test_gradient_of_conformal_age_matches_finite_differences(lcdm):
     g = jax.grad(bg.conformal_age)(lcdm)
