@@ -328,3 +328,19 @@ def thermodynamics_from_hubble(
         z_star=z_star, tau_star=conformal_time_at(t_star),
         z_drag=z_drag, tau_drag=conformal_time_at(t_drag),
     )
+
+
+def compute_thermodynamics(cosmo, *, lna_grid: np.ndarray | None = None,
+                           settings: rec.RecombinationSettings = rec.RecombinationSettings(),
+                           **kwargs) -> ThermoTable:
+    """ThermoTable for a :class:`boltzmann.params.CosmoParams` (H(a) from boltzmann.background).
+
+    Differentiable in every CosmoParams leaf it uses (omega_b, YHe, T_cmb, tau_reio and, through
+    H(a), h, omega_cdm, N_ur, the neutrino masses...).  Extra keyword arguments go to
+    :func:`thermodynamics_from_hubble` (z_ode_start, z_late).
+    """
+    from boltzmann import background
+
+    return thermodynamics_from_hubble(
+        lambda a: background.hubble(cosmo, a), cosmo.omega_b, cosmo.YHe, cosmo.T_cmb, cosmo.tau_reio,
+        lna_grid=lna_grid, settings=settings, **kwargs)

@@ -1,0 +1,167 @@
+"""Thermodynamics against CLASS v3.4.1 (HyRec) reference tables in tests/data.
+
+The tolerances are the measured agreement of RECFAST-class physics with HyRec plus a margin
+(docs/thermodynamics.md): x_e is 1.45% low at z ~ 200 (the RECFAST vs HyRec freeze-out tail),
+< 1% above z = 450.
+"""
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+
+from boltzmann import reionization as reio
+from boltzmann import recombination as rec
+from boltzmann import thermodynamics as thermo
+from boltzmann.params import CosmoParams
+
+DATA = Path(__file__).parent / "data"
+
+
+def _class_inputs():
+    par = yaml.safe_load((DATA / "params.yaml").read_text())
+    common = par["class_input"]["common"]
+    nu = par["class_input"]["neutrinos"]["massive"]
+    return common, nu, par["derived"]["class_massive"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    d = np.loadtxt(DATA / "class_lcdm_thermo.csv", delimiter=",", comments="#")
+    cols = ["a", "z", "tau", "x_e", "kappa_dot", "exp_m_kappa", "g", "T_b", "dT_b", "w_b", "cs2", "kappa_b"]
+    return {k: d[:, i] for i, k in enumerate(cols)}
+
+
+@pytest.fixture(scope="module")
+def cosmo():
+    common, nu, _ = _class_inputs()
+    return CosmoParams.make(h=common["h"], omega_b=common["omega_b"], omega_cdm=common["omega_cdm"],
+                            n_s=common["n_s"], A_s=common["A_s"], tau_reio=common["tau_reio"],
+                            YHe=common["YHe"], T_cmb=common["T_cmb"], N_ur=nu["N_ur"],
+                            m_ncdm=(nu["m_ncdm"],))
+
+
+@pytest.fixture(scope="module")
+def table(cosmo):
+    return jax.jit(thermo.compute_thermodynamics)(cosmo)
+
+
+def _rel(table, ref, name, refname):
+    lna = jnp.asarray(-np.log1p(ref["z"]))
+    return np.asarray(table.interp(name, lna)) / ref[refname] - 1.0
+
+
+def test_free_electron_fraction_matches_hyrec(table, reference):
+    z = reference["z"]
+    rel = _rel(table, reference, "x_e", "x_e")
+    recomb = (z > 450) & (z < 2000)
+    tail = (z > 200) & (z <= 450)
+    assert np.abs(rel[recomb]).max() < 0.01
+    assert np.abs(rel[tail]).max() < 0.02
+    # He II -> He I, and He III Saha, region
+    assert np.abs(rel[(z >= 2000) & (z < 1e4)]).max() < 0.003
+
+
+def test_opacity_is_a_ne_sigmaT_and_consistent(table, reference):
+    z = reference["z"]
+    rel_k = _rel(table, reference, "kappa_dot", "kappa_dot")
+    rel_x = _rel(table, reference, "x_e", "x_e")
+    # kappa'/x_e ~ n_H sigma_T a^-2: the constant factor agrees with CLASS to ~1e-4 (m_H, G)
+    assert np.abs((1 + rel_k) / (1 + rel_x) - 1).max() < 1e-4
+    # the table's columns are mutually consistent
+    np.testing.assert_allclose(np.exp(table.ln_kappa_dot), table.kappa_dot, rtol=1e-12)
+    np.testing.assert_allclose(table.dln_kappa_dot * table.kappa_dot, table.dkappa_dot, rtol=1e-9)
+    np.testing.assert_allclose(table.visibility, table.kappa_dot * table.exp_m_kappa, rtol=1e-12)
+    # visibility where it matters (g > 1e-3 max g) within 1.5%
+    g_ref = reference["g"]
+    big = g_ref > 1e-3 * g_ref.max()
+    rel_g = _rel(table, reference, "visibility", "g")
+    assert np.abs(rel_g[big]).max() < 0.015
+    assert np.all(np.asarray(table.exp_m_kappa)[np.asarray(table.lna) < -np.log(3000.0)] < 1e-30)
+
+
+def test_baryon_temperature_and_sound_speed(table, reference):
+    z = reference["z"]
+    rel_T = _rel(table, reference, "T_b", "T_b")
+    assert np.abs(rel_T[z < 2000]).max() < 0.01
+    assert np.abs(rel_T[z >= 2000]).max() < 1e-6       # tightly coupled: T_b = T_cmb (1+z)
+    rel_c = _rel(table, reference, "cs2", "cs2")
+    outside_reio = (z < 2000) & ~((z > 6) & (z < 10))
+    assert np.abs(rel_c[outside_reio]).max() < 0.02
+    assert np.abs(rel_c[(z > 6) & (z < 10)]).max() < 0.08  # steep x_e step: see the docs
+
+
+def test_derived_redshifts(table):
+    _, _, derived = _class_inputs()
+    assert abs(float(table.z_reio) - derived["z_reio"]) < 0.02
+    assert abs(float(table.z_star) - derived["z_star"]) < 0.5
+    assert abs(float(table.z_rec) - derived["z_rec"]) < 0.5
+    assert abs(float(table.z_drag) - derived["z_d"]) < 0.5
+    assert abs(float(table.tau_star) / derived["tau_star"] - 1) < 1e-3
+    assert abs(float(table.tau_drag) / derived["tau_d"] - 1) < 1e-3
+
+
+def test_ionisation_limits(table, cosmo):
+    f_He = float(rec.helium_fraction(cosmo.YHe))
+    x = lambda z: float(table.interp("x_e", -np.log1p(z)))  # noqa: E731
+    assert x(8000.0) == pytest.approx(1 + 2 * f_He, rel=1e-5)   # H+, He++ : fully ionised (Saha: 4e-6 short)
+    assert x(0.0) == pytest.approx(1 + 2 * f_He, rel=1e-4)      # after He II reionisation
+    assert x(5.5) == pytest.approx(1 + f_He, rel=2e-3)          # H + first He electron only
+    assert x(30.0) < 1e-3                                        # neutral before reionisation
+
+
+def test_hermite_columns_are_derivatives(table):
+    """d/dlna columns agree with differences of the value columns (smooth region)."""
+    lna = np.asarray(table.lna)
+    sel = (lna > -np.log(1500.0)) & (lna < -np.log(100.0))
+    # central differences carry an O(h^2 f''') error of ~3e-3 for the sharply peaked visibility
+    for name, tol in (("x_e", 2e-3), ("T_b", 2e-3), ("cs2", 2e-3), ("visibility", 1e-2)):
+        v = np.asarray(getattr(table, name))
+        dv = np.asarray(getattr(table, "d" + name))
+        central = np.gradient(v, lna)
+        scale = np.abs(dv[sel]).max()
+        assert np.abs(central[sel] - dv[sel]).max() < tol * scale, name
+
+
+def test_hermite_interp_exact_for_cubics():
+    x = jnp.linspace(-1.0, 2.0, 13)
+    f = lambda t: 0.3 * t**3 - t**2 + 2.0 * t - 1.0  # noqa: E731
+    df = jax.vmap(jax.grad(f))(x)
+    q = jnp.linspace(-1.0, 2.0, 101)
+    np.testing.assert_allclose(thermo.hermite_interp(x, f(x), df, q), f(q), atol=1e-13)
+
+
+def test_z_reio_solver_and_implicit_derivative():
+    """solve_z_reio inverts tau(z_reio) and its derivative matches finite differences."""
+    aH = lambda t: 2e-4 * jnp.exp(-0.5 * t)                         # noqa: E731  matter era, 1/Mpc
+    x_before = lambda t: 2e-4 * jnp.ones_like(t)                     # noqa: E731
+    f_He = 0.08
+
+    def z_of(tau, amp):
+        kdot = lambda t: amp * jnp.exp(-2.0 * t)                     # noqa: E731
+        return reio.solve_z_reio(tau, x_before, kdot, aH, f_He)
+
+    amp = 2.3e-7
+    z = z_of(0.0544, amp)
+    kdot = lambda t: amp * jnp.exp(-2.0 * t)                         # noqa: E731
+    assert float(reio.tau_reio_of_z_reio(z, x_before, kdot, aH, f_He)) == pytest.approx(0.0544, rel=1e-10)
+    g_tau, g_amp = jax.grad(z_of, argnums=(0, 1))(0.0544, amp)
+    eps = 1e-6
+    fd_tau = (z_of(0.0544 + eps, amp) - z_of(0.0544 - eps, amp)) / (2 * eps)
+    fd_amp = (z_of(0.0544, amp * (1 + eps)) - z_of(0.0544, amp * (1 - eps))) / (2 * eps * amp)
+    assert float(g_tau) == pytest.approx(float(fd_tau), rel=1e-5)
+    assert float(g_amp) == pytest.approx(float(fd_amp), rel=1e-5)
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="fudge_H"):
+        rec.RecombinationSettings(fudge_H=2.0)
+    with pytest.raises(ValueError, match="n_nodes"):
+        thermo.default_grid(10)
+    with pytest.raises(ValueError, match="lna_grid"):
+        thermo.thermodynamics_from_hubble(lambda a: 1.0 / a**2, 0.022, 0.24, 2.7255, 0.05,
+                                          lna_grid=np.array([-10.0, -9.0, -7.5, 0.0]))
+    with pytest.raises(ValueError, match="name"):
+        thermo.ThermoTable(*([jnp.zeros(3)] * len(thermo.ThermoTable._fields))).interp("nope", 0.0)
