@@ -41,10 +41,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import constants as const
+
+jax.config.update("jax_enable_x64", True)  # the project computes in float64 throughout
 
 # ----------------------------------------------------------------------------- background rule
 #: panel edges of the composite Gauss–Legendre background rule (q in units of k_B T_ncdm0)

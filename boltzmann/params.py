@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -509,7 +509,7 @@ def _build_cosmology(c: dict) -> CosmoParams:
         k_pivot=c.get("k_pivot", 0.05), YHe=c.get("YHe", 0.2454),
         T_cmb=c.get("T_cmb", 2.7255), N_ur=c.get("N_ur", 3.044), m_ncdm=m, deg_ncdm=deg,
         T_ncdm=t, w0_fld=w0, wa_fld=wa)
-    if "ln10^{10}A_s" in c and not cosmo.A_s in COSMOLOGY_TABLE["A_s"].allowed:
+    if "ln10^{10}A_s" in c and cosmo.A_s not in COSMOLOGY_TABLE["A_s"].allowed:
         raise ConfigError(f"cosmology.ln10^{{10}}A_s = {c['ln10^{10}A_s']} gives A_s = "
                           f"{cosmo.A_s:g}, outside {COSMOLOGY_TABLE['A_s'].allowed}")
     omega_de = float(cosmo.Omega_de)
