@@ -1,0 +1,27 @@
+"""Which backend ``backend="auto"`` runs: CUDA when a CUDA GPU and the cuda extra are present."""
+from __future__ import annotations
+
+import importlib.util
+
+import jax
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(available, reason). The reason says what is missing when it is not."""
+    try:
+        gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        return False, "no CUDA GPU visible to JAX"
+    for mod in ("numba_cuda_mlir", "numba_enzyme_cuda"):
+        if importlib.util.find_spec(mod) is None:
+            return False, f"the cuda extra is not installed ({mod} missing): pip install '.[cuda]'"
+    if importlib.util.find_spec("solver.cuda_backend") is None:
+        return False, "this build has no CUDA backend"
+    return True, f"{gpus[0].device_kind}"
+
+
+def pick_backend() -> str:
+    ok, _ = cuda_available()
+    return "cuda" if ok else "jax"
