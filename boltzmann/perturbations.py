@@ -1,0 +1,116 @@
+"""The perturbation stage: model, tables, per-mode parameters and initial states, ensemble solve.
+
+Inputs: a ``CosmoParams`` (background densities), a ``ThermoTable`` and a ``PrecisionSpec``.
+Output: the model's observables (CLASS-named transfer functions) at the requested redshifts for
+every k, plus solver statistics. Time variable x = ln a (models/eb.py). The RHS reads one table
+per cosmology (ln ℋ, ln τ, ln κ', c_s² with their x-derivatives, for cubic Hermite interpolation),
+filled here from boltzmann.background and boltzmann.thermodynamics on one uniform x grid.
+
+Error control (DESIGN §3): photon and massless-neutrino multipoles are excluded from step-size
+control (weight 0). At late times they oscillate ~k/ℋ times per e-fold while carrying no weight in
+the metric; the L-stable Rodas5P damps the unresolved part instead of resolving it. The matter and
+metric results are unchanged by this to ~1e-6 (docs/perturbations.md), and it removes the
+late-time step-count explosion at high k. Transfer functions of the radiation itself (d_g, d_ur,
+...) at late times are therefore not accurate — CLASS's radiation-streaming approximation makes
+the same trade — and only matter/metric outputs are claimed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.eb import NcdmQuadrature, build_eb_model
+from models.initial_conditions import adiabatic_initial_conditions, initial_time
+from models.tables import pack_table
+
+from . import background as bg
+from . import constants as const
+from . import ncdm as ncdm_mod
+
+#: extra e-folds the tables extend beyond a = 1 (Hermite cells need both end nodes)
+X_MAX = 0.02
+
+
+@dataclass(frozen=True)
+class Grid:
+    x_min: float
+    dx: float
+    n: int
+
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.x_min + self.dx * np.arange(self.n)
+
+
+def make_grid(precision) -> Grid:
+    x_min = math.log(precision.bg_a_min)
+    n = int(precision.bg_n_lna)
+    return Grid(x_min, (X_MAX - x_min) / (n - 1), n)
+
+
+def build_model(cosmo, precision):
+    """The generated RHS for this cosmology's species content and the precision's ℓmax/n_q."""
+    species = []
+    for _ in range(cosmo.n_ncdm):
+        q, w, dlnf = ncdm_mod.perturbation_quadrature(int(precision.n_q_ncdm))
+        species.append(NcdmQuadrature(tuple(map(float, q)), tuple(map(float, w)),
+                                      tuple(map(float, dlnf))))
+    return build_eb_model(l_max_g=int(precision.l_max_g), l_max_pol_g=int(precision.l_max_pol_g),
+                          l_max_ur=int(precision.l_max_ur), ncdm=tuple(species),
+                          l_max_ncdm=int(precision.l_max_ncdm), de_fluid=bool(cosmo.use_fld))
+
+
+def build_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
+    """One cosmology's (n_cols, 2, n_grid) table on ``grid`` (values and d/dx)."""
+    x = jnp.asarray(grid.nodes)
+    a = jnp.exp(x)
+    H = bg.hubble(cosmo, a)
+    conf_h = a * H
+    dlnh = 1.0 + bg.dhubble_dlna(cosmo, a) / H
+    tau = bg.conformal_time(cosmo, a)
+    cols = {
+        "ln_conformal_hubble": (jnp.log(conf_h), dlnh),
+        "ln_conformal_time": (jnp.log(tau), 1.0 / (conf_h * tau)),
+        "ln_kappa_dot": (thermo.ln_kappa_dot, thermo.dln_kappa_dot),
+        "cs2_b": (thermo.cs2, thermo.dcs2),
+    }
+    return jnp.stack([jnp.stack([jnp.asarray(v), jnp.asarray(d)]) for v, d in
+                      (cols[name] for name in model.table_columns)])
+
+
+def mode_params(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> np.ndarray:
+    """Parameter rows (len(k), P) for the modes ``k`` [1/Mpc] of one cosmology."""
+    rho = bg.rho_tilde(cosmo, jnp.asarray(1.0))
+    values = dict(cosmo_row=float(cosmo_row), table_x_min=grid.x_min, table_dx=grid.dx,
+                  rho_g0=float(rho["g"]), rho_b0=float(rho["b"]), rho_cdm0=float(rho["cdm"]),
+                  rho_ur0=float(rho["ur"]))
+    for s, quad in enumerate(model.ncdm):
+        m_over_t = float(cosmo.m_ncdm[s]) / (const.K_B_EV_PER_K * float(cosmo.T_ncdm0_K[s]))
+        eps_sum = float(np.sum(np.asarray(quad.weights)
+                               * np.sqrt(np.asarray(quad.q) ** 2 + m_over_t ** 2)))
+        values[f"ncdm_norm_{s}"] = float(rho["ncdm"][s]) / eps_sum
+        values[f"ncdm_m_over_T_{s}"] = m_over_t
+    if model.de_fluid:
+        values.update(rho_de0=float(rho["fld"]), w0=float(cosmo.w0_fld), wa=float(cosmo.wa_fld),
+                      cs2_de=1.0)
+    rows = [model.make_params(k=float(kk), **values) for kk in np.asarray(k)]
+    return np.stack(rows)
+
+
+def initial_states(model, params: np.ndarray, k_tau_ini: float):
+    """(x_ini (N,), y0 (N, n)) of the adiabatic growing mode for every parameter row."""
+    def one(p):
+        tau, a = initial_time(model, p, ktau_max=k_tau_ini)
+        return jnp.log(a), adiabatic_initial_conditions(model, p, tau, a)
+    x0, y0 = jax.jit(jax.vmap(one))(jnp.asarray(params))
+    return np.asarray(x0), np.asarray(y0)
+
+
+def error_weights(model) -> np.ndarray:
+    w = np.ones(model.n)
+    w[list(model.radiation_indices)] = 0.0
+    return w

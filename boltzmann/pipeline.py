@@ -1,0 +1,125 @@
+"""The whole job as a sequence of stages (CLASS-style): parameters → background →
+thermodynamics → perturbations → transfer functions. Spectra and σ8 are formed from the result by
+``boltzmann.spectra`` (the CLI does that, and so can any caller).
+
+``run(config)`` returns a ``PipelineResult`` whose fields are the contract with the CLI and the
+output writers (boltzmann/cli.py's docstring).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+import numpy as np
+
+from solver import solve
+from solver.status import describe
+
+from . import perturbations as pt
+from .thermodynamics import compute_thermodynamics
+
+#: how many k-chunks the ensemble is split into (progress reporting; each chunk is one launch)
+N_CHUNKS = 4
+
+
+@dataclass
+class PipelineResult:
+    k: np.ndarray
+    z: list
+    transfers: dict
+    cosmology: dict
+    backend: str
+    solver_stats: dict
+    timings: dict
+    derived: dict = field(default_factory=dict)
+
+
+def _noop(stage, done, total):
+    pass
+
+
+def run(config, *, backend: str = "auto", progress=None) -> PipelineResult:
+    """Compute transfer functions for ``config`` (a ``boltzmann.params.Config``)."""
+    progress = progress or _noop
+    cosmo = config.cosmology
+    prec = config.precision
+    timings = {}
+
+    t0 = time.perf_counter()
+    grid = pt.make_grid(prec)
+    thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes)
+    model = pt.build_model(cosmo, prec)
+    table = pt.build_table(cosmo, thermo, grid, model)[None]
+    timings["background_thermodynamics"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    k = config.output.k_grid(float(cosmo.h))
+    zs = [float(z) for z in config.output.z]
+    params = pt.mode_params(model, cosmo, k, grid)
+    x0, y0 = pt.initial_states(model, params, prec.k_tau_ini)
+    if np.any(x0 < grid.x_min):
+        raise ValueError(f"precision.bg_a_min = {prec.bg_a_min:g} is above the initial scale "
+                         f"factor of the largest k ({np.exp(x0.min()):.3g}); lower it")
+    x_save = np.sort(-np.log1p(np.asarray(zs)))
+    if np.any(x0[:, None] > x_save[None, :]):
+        raise ValueError("a requested redshift lies before the perturbations start; "
+                         f"max z allowed here is {np.expm1(-x0.max()):.3g}")
+    weights = pt.error_weights(model)
+    timings["initial_conditions"] = time.perf_counter() - t0
+
+    # solve in chunks of equal size (one compiled program), k sorted so steps are alike
+    t0 = time.perf_counter()
+    order = np.argsort(k)
+    n_chunk = int(np.ceil(len(k) / N_CHUNKS))
+    ys = np.empty((len(k), len(x_save), model.n))
+    status = np.empty(len(k), int)
+    n_acc = np.empty(len(k), int)
+    n_rej = np.empty(len(k), int)
+    used_backend = None
+    progress("perturbations", 0, len(k))
+    for c in range(0, len(k), n_chunk):
+        idx = order[c:c + n_chunk]
+        pad = np.concatenate([idx, np.full(n_chunk - len(idx), idx[-1])])
+        sol = solve(model.rhs, y0[pad], x_save, params[pad], args=table, t0=x0[pad],
+                    rtol=prec.rtol, atol=prec.atol, error_weights=weights, backend=backend,
+                    max_steps=200_000)
+        m = len(idx)
+        ys[idx] = np.asarray(sol.ys)[:m]
+        status[idx] = sol.status[:m]
+        n_acc[idx] = sol.n_accepted[:m]
+        n_rej[idx] = sol.n_rejected[:m]
+        used_backend = sol.backend
+        progress("perturbations", min(c + n_chunk, len(k)), len(k))
+    timings["perturbations"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    import jax
+    obs_fn = jax.jit(jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
+                              in_axes=(0, None, 0, None)))
+    obs = obs_fn(jnp.asarray(ys), jnp.asarray(x_save), jnp.asarray(params), table)
+    transfers = {}
+    for iz, x in enumerate(x_save):
+        z = float(np.expm1(-x))
+        zkey = min(zs, key=lambda zz: abs(zz - z))
+        transfers[zkey] = {name: np.asarray(v[:, iz]) for name, v in obs.items()}
+    timings["transfers"] = time.perf_counter() - t0
+
+    failed = np.flatnonzero(status != 0)
+    stats = {
+        "backend": used_backend,
+        "n_k": int(len(k)),
+        "state_size": int(model.n),
+        "accepted_steps_median": float(np.median(n_acc)),
+        "accepted_steps_max": int(n_acc.max()),
+        "rejected_steps_total": int(n_rej.sum()),
+        "failed_k": [float(k[i]) for i in failed],
+        "failure_reasons": [describe(status[i]) for i in failed],
+        "rtol": float(prec.rtol),
+    }
+    resolved = cosmo.resolved()
+    derived = {"z_reio": float(thermo.z_reio), "z_rec": float(thermo.z_rec),
+               "z_star": float(thermo.z_star), "z_drag": float(thermo.z_drag)}
+    return PipelineResult(k=k, z=zs, transfers=transfers, cosmology=resolved,
+                          backend=used_backend, solver_stats=stats, timings=timings,
+                          derived=derived)
