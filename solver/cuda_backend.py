@@ -207,8 +207,30 @@ class _Plan:
                      "lu_solve"):
             setattr(mod, name, cuda.jit(device=True)(getattr(mod, name)))
         self._kernel = cuda.jit(mod.kernel)
+        self._jac_kernel = cuda.jit(mod.jac_kernel)
         self._cuda = cuda
         return self._kernel
+
+    def jacobian(self, y, t, params):
+        """(f, J in slot layout, df/dt) at points (N, n), (N,), (N, P) through the GPU's device
+        functions (the Enzyme colour sweeps): for tests against jax.jacfwd."""
+        self.kernel()
+        cuda = self._cuda
+        y = np.ascontiguousarray(np.atleast_2d(y), dtype=np.float64)
+        N = y.shape[0]
+        t = np.ascontiguousarray(np.broadcast_to(np.asarray(t, np.float64), (N,)))
+        params = np.asarray(params, np.float64).reshape(N, -1)
+        if params.shape[1] == 0:
+            params = np.zeros((N, 1))
+        f = cuda.device_array((N, self.n), dtype=np.float64)
+        jv = cuda.device_array((N, self.linear.nslots), dtype=np.float64)
+        dfdt = cuda.device_array((N, self.n), dtype=np.float64)
+        blocks = (N + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+        self._jac_kernel[blocks, THREADS_PER_BLOCK](
+            cuda.to_device(y), cuda.to_device(t), cuda.to_device(np.ascontiguousarray(params)),
+            cuda.to_device(np.zeros(1)), f, jv, dfdt, np.int64(N))
+        cuda.synchronize()
+        return f.copy_to_host(), jv.copy_to_host(), dfdt.copy_to_host()
 
 
 _PLANS: dict = {}

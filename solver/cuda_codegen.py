@@ -357,6 +357,34 @@ def _emit_kernel(spec: KernelSpec) -> list[str]:
     return L
 
 
+def _emit_jac_kernel(spec: KernelSpec) -> list[str]:
+    """A test kernel: f, J (slot layout) and df/dt at given points through the same device code."""
+    n, P, ns = spec.n, spec.n_params, spec.nslots
+    return ["def jac_kernel(y_in, t_in, params, args, f_out, jv_out, dfdt_out, n_traj):",
+            "    i = cuda.grid(1)",
+            "    if i >= n_traj:",
+            "        return",
+            f"    y = cuda.local.array({n}, F64)",
+            f"    f0 = cuda.local.array({n}, F64)",
+            f"    dfdt = cuda.local.array({n}, F64)",
+            f"    jv = cuda.local.array({ns}, F64)",
+            f"    p = cuda.local.array({P}, F64)",
+            f"    for q in range({P}):",
+            "        p[q] = params[i, q]",
+            f"    for q in range({n}):",
+            "        y[q] = y_in[i, q]",
+            f"    for s in range({ns}):",
+            "        jv[s] = 0.0",
+            "    f_eval(y, t_in[i], p, args, f0)",
+            "    jac_eval(y, t_in[i], p, args, jv, dfdt)",
+            f"    for q in range({n}):",
+            "        f_out[i, q] = f0[q]",
+            "        dfdt_out[i, q] = dfdt[q]",
+            f"    for s in range({ns}):",
+            "        jv_out[i, s] = jv[s]",
+            ""]
+
+
 def generate_kernel_source(spec: KernelSpec) -> str:
     """The full module text (see the module docstring for what it defines and expects)."""
     if spec.n_params < 1:
@@ -364,7 +392,7 @@ def generate_kernel_source(spec: KernelSpec) -> str:
     head = [f'"""Generated Rodas ensemble kernel: n={spec.n}, P={spec.n_params}, '
             f'nslots={spec.nslots}, colours={spec.n_colors}, tableau={spec.tableau.name}."""',
             "import math", ""]
-    body = _emit_helpers(spec) + _emit_kernel(spec)
+    body = _emit_helpers(spec) + _emit_kernel(spec) + _emit_jac_kernel(spec)
     return "\n".join(head) + "\n" + lu_source_to_out_form(spec.lu_source) + "\n\n" + \
         "\n".join(body) + "\n"
 
