@@ -6,8 +6,9 @@ every k, plus solver statistics. Time variable x = ln a (models/eb.py). The RHS 
 per cosmology (ln ℋ, ln τ, ln κ', c_s² with their x-derivatives, for cubic Hermite interpolation),
 filled here from boltzmann.background and boltzmann.thermodynamics on one uniform x grid.
 
-Error control (DESIGN §3): photon and massless-neutrino multipoles are excluded from step-size
-control (weight 0). At late times they oscillate ~k/ℋ times per e-fold while carrying no weight in
+Error control (DESIGN §3): photon, massless-neutrino and massive-neutrino multipoles are
+excluded from step-size control (weight 0); only the metric, CDM and baryons (and the DE fluid)
+steer the step size. At late times they oscillate ~k/ℋ times per e-fold while carrying no weight in
 the metric; the L-stable Rodas5P damps the unresolved part instead of resolving it. The matter and
 metric results are unchanged by this to ~1e-6 (docs/perturbations.md), and it removes the
 late-time step-count explosion at high k. Transfer functions of the radiation itself (d_g, d_ur,
@@ -110,7 +111,19 @@ def initial_states(model, params: np.ndarray, k_tau_ini: float):
     return np.asarray(x0), np.asarray(y0)
 
 
+#: state-name prefixes left out of step-size control: every free-streaming hierarchy
+UNCONTROLLED = ("F_g_", "G_g_", "F_ur_", "Psi_")
+
+
 def error_weights(model) -> np.ndarray:
+    """1 for the metric/matter/fluid variables, 0 for the hierarchies (see module docstring).
+
+    Measured on lcdm.yaml (4 modes up to 3 h/Mpc, 2026-11-30): taking the massive-neutrino
+    multipoles out of control cut the largest step count from 61219 to 570 and changed P_cb by
+    < 2e-6.
+    """
     w = np.ones(model.n)
-    w[list(model.radiation_indices)] = 0.0
+    for i, name in enumerate(model.state_names):
+        if name.startswith(UNCONTROLLED):
+            w[i] = 0.0
     return w
