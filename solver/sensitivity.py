@@ -74,7 +74,8 @@ __all__ = ["solve_diff", "joint_solve", "grad_by_forward_mode", "COUNTERS", "cle
 #: (eager calls and jit traces), ``plans`` the joint plans built.
 COUNTERS = {"joint_traces": 0, "plans": 0, "pattern_seconds": 0.0}
 
-_SOLVE_KWARGS = ("sparsity", "linear_solver", "controller", "tableau", "first_step", "backend")
+_SOLVE_KWARGS = ("sparsity", "linear_solver", "controller", "tableau", "first_step", "backend",
+                 "_jacobian")
 
 
 # ---------------------------------------------------------------------------------------------
