@@ -5,8 +5,10 @@ text the GPU compiles on the CPU (numpy local arrays, jax.jvp in place of Enzyme
 logic -- stage loop, controller, dense output, statuses, colour decompression, LU -- is checked in
 CI too; they are quick (a few seconds).
 
-Pass criteria: |y_cuda - y_jax| <= 10 (rtol |y_jax| + atol) at every save time and component,
-identical status codes.
+Pass criteria: each backend within 10 (rtol |y_ref| + atol) of a scipy Radau (rtol 1e-12) reference
+at every save time and component (the solver's accuracy contract); CUDA and JAX within 20 of each
+other (two solutions each within 10 tolerances of the truth; rounding differences move a few
+accept/reject decisions, so the step sequences are not bit-identical); identical status codes.
 """
 import importlib.util
 
@@ -25,7 +27,8 @@ CASES = {
     "robertson": (ROBERTSON, np.concatenate([[0.0], np.logspace(-4, 5, 10)]), 1e-6, 1e-12),
     "hires": (HIRES, np.linspace(0.0, 321.8122, 9), 1e-6, 1e-9),
     "van_der_pol": (VAN_DER_POL, np.linspace(0.0, 3000.0, 7), 1e-6, 1e-9),
-    "vdp_lattice": (LATTICE, np.linspace(0.0, 20.0, 6), 1e-6, 1e-9),
+    # t <= 3: past a few relaxation jumps the lattice amplifies local errors (tests/test_solver_stiff)
+    "vdp_lattice": (LATTICE, np.linspace(0.0, 3.0, 4), 1e-6, 1e-9),
 }
 
 
@@ -42,14 +45,14 @@ def _ensemble(prob, N, spread=0.2, seed=0):
     return y0, params
 
 
-def _compare(a, b, rtol, atol):
+def _compare(a, b, rtol, atol, bound=10.0):
     assert np.asarray(a.status).tolist() == np.asarray(b.status).tolist(), \
         f"statuses differ: jax {np.asarray(a.status)} vs {b.backend} {np.asarray(b.status)}"
     ok = np.asarray(a.status) == Status.OK
     ya, yb = np.asarray(a.ys)[ok], np.asarray(b.ys)[ok]
     ratio = np.abs(ya - yb) / (rtol * np.abs(ya) + atol)
     assert np.all(np.isfinite(yb)), "non-finite values in a finished trajectory"
-    assert ratio.max() <= 10.0, f"{b.backend} vs jax: max |diff|/tol = {ratio.max():.3g}"
+    assert ratio.max() <= bound, f"{b.backend} vs jax: max |diff|/tol = {ratio.max():.3g}"
     return ratio.max()
 
 
@@ -114,7 +117,14 @@ def test_cuda_matches_jax(name):
     a = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol)
     b = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol, backend="cuda")
     assert b.backend == "cuda"
-    _compare(a, b, rtol, atol)
+    _compare(a, b, rtol, atol, bound=20.0)
+    from scipy.integrate import solve_ivp
+    for i in (0, N - 1):
+        ref = solve_ivp(lambda t, y: np.array(prob.rhs(y, t, params[i])), (ts[0], ts[-1]), y0[i],
+                        method="Radau", rtol=1e-12, atol=1e-16, t_eval=ts).y.T
+        for sol in (a, b):
+            ratio = np.abs(np.asarray(sol.ys[i]) - ref) / (rtol * np.abs(ref) + atol)
+            assert ratio.max() <= 10.0, f"{sol.backend} member {i}: error/tol {ratio.max():.3g}"
 
 
 @pytest.mark.gpu
