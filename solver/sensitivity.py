@@ -174,10 +174,18 @@ def _plain_plan(cfg, args):
            cfg.tableau.name, cfg.ctrl, cfg.max_steps)
     plan = api._PLANS.get(key)
     if plan is None:
-        plan = api._Plan(cfg.rhs, cfg.n, cfg.P, cfg.has_args, args, cfg.sparsity,
-                         cfg.linear_solver, cfg.tableau, cfg.ctrl, cfg.max_steps)
+        # plans are built inside traces here (solve builds them eagerly): evaluate their
+        # construction-time jnp constants eagerly, or they would be tracers leaked into the cache
+        with jax.ensure_compile_time_eval():
+            plan = api._Plan(cfg.rhs, cfg.n, cfg.P, cfg.has_args, _abstract(args), cfg.sparsity,
+                             cfg.linear_solver, cfg.tableau, cfg.ctrl, cfg.max_steps)
         api._PLANS[key] = plan
     return plan
+
+
+def _abstract(args):
+    return jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), args)
 
 
 def _h0(cfg, N):
@@ -247,7 +255,8 @@ def _aug_pattern(cfg, mask, base_pattern, args_example, jacobian):
     else:
         aug1 = _make_aug(cfg, 1, mask, jacobian)
         A1 = _aug_args(cfg, args_example, mask, 1)
-        pat1 = detect_sparsity(aug1, 2 * n, 2 * cfg.P, args=A1)
+        with jax.ensure_compile_time_eval():
+            pat1 = detect_sparsity(aug1, 2 * n, 2 * cfg.P, args=A1)
         coupling = pat1[n:, :n] & base_pattern
     COUNTERS["pattern_seconds"] += time.perf_counter() - t0
     _AUG_PATTERNS[key] = (base_pattern, coupling)
@@ -266,7 +275,7 @@ def _block_pattern(base, coupling, m):
 
 
 def _aug_args(cfg, args, mask, m):
-    leaves = tuple(jax.tree_util.tree_leaves(args)) if cfg.has_args else ()
+    leaves = tuple(jax.tree_util.tree_leaves(_abstract(args))) if cfg.has_args else ()
     dargs = tuple(jax.ShapeDtypeStruct((m,) + cfg.leaf_meta[i][0], jnp.float64)
                   for i in mask[2])
     return (leaves, dargs)
@@ -280,8 +289,10 @@ def _joint_plan(cfg, m, mask, args):
         base, coupling = _aug_pattern(cfg, mask, base, args, cfg.jacobian)
         pattern = _block_pattern(base, coupling, m)
         aug = _make_aug(cfg, m, mask, cfg.jacobian)
-        plan = api._Plan(aug, cfg.n * (1 + m), cfg.P * (1 + m), True, _aug_args(cfg, args, mask, m),
-                         pattern, cfg.linear_solver, cfg.tableau, cfg.ctrl, cfg.max_steps)
+        with jax.ensure_compile_time_eval():
+            plan = api._Plan(aug, cfg.n * (1 + m), cfg.P * (1 + m), True,
+                             _aug_args(cfg, args, mask, m), pattern, cfg.linear_solver,
+                             cfg.tableau, cfg.ctrl, cfg.max_steps)
         COUNTERS["plans"] += 1
         _JOINT_PLANS[key] = plan
     return plan

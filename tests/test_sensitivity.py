@@ -90,9 +90,18 @@ def test_robertson_grad_matches_central_differences_and_jacfwd():
     # jacfwd (batched directions) and grad (transpose) agree
     Jf = jax.jacfwd(_rob_loss)(k, 1e-10)
     np.testing.assert_allclose(Jf, g, rtol=1e-6)
-    # under jit too
-    np.testing.assert_allclose(jax.jit(jax.grad(_rob_loss), static_argnums=1)(k, 1e-10), g,
-                               rtol=1e-12)
+    # under jit too, with every input traced (plans get built inside traces: regression test for
+    # construction-time constants leaking as tracers into the plan cache)
+    def loss_y0(y0, k):
+        ys = solve_diff(ROBERTSON.rhs, y0, ROB_TS, k, rtol=1e-10, atol=1e-16)
+        return ys[0, -1, 0] + 1e4 * ys[0, -1, 1] + 0.5 * ys[0, 1, 2]
+
+    y0 = jnp.asarray(ROBERTSON.y0)[None]
+    Jj = jax.jit(jax.jacfwd(loss_y0, argnums=(0, 1)))(y0, k[None])
+    gj = jax.jit(jax.grad(loss_y0, argnums=(0, 1)))(y0, k[None])
+    np.testing.assert_allclose(gj[1][0], g, rtol=1e-10)
+    for a, b in zip(Jj, gj):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-12)
 
 
 # --- tangents of tables in args, jacfwd through a θ → (tables, params, y0) pipeline -----------
