@@ -125,7 +125,7 @@ OUTPUT_TABLE: dict[str, Key] = {
 }
 
 #: Precision settings. Adding a key = adding a line here (and a row in docs/parameters.md).
-#: Defaults marked placeholder are to be tuned by the perturbations work.
+#: Defaults are measured choices: see docs/benchmarks.md and docs/perturbations.md.
 PRECISION_TABLE: dict[str, Key] = {
     "rtol": Key("float", 1e-5, Interval(1e-12, 1e-1), "-",
                 "relative tolerance of the perturbation ODE solver"),
@@ -142,10 +142,11 @@ PRECISION_TABLE: dict[str, Key] = {
                       "P_cb 2.5e-3 high at 1 h/Mpc, 24 gives 5e-4)"),
     "n_q_ncdm": Key("int", 5, Interval(1, 40), "-",
                     "momentum nodes of the massive-neutrino hierarchy (8 changes P by < 3e-5)"),
-    "a_ini": Key("float", 1e-8, Interval(1e-14, 1e-3), "-",
-                 "latest allowed initial scale factor of the perturbations (placeholder)"),
+    "omega_tau_ini": Key("float", 1e-3, Interval(1e-6, 0.1), "-",
+                         "start every mode no later than omega tau = omega_tau_ini, omega = "
+                         "rho_m0/sqrt(rho_r0) (deep in radiation domination)"),
     "k_tau_ini": Key("float", 1e-2, Interval(1e-6, 1.0), "-",
-                     "start each mode no later than k tau = k_tau_ini (placeholder)"),
+                     "start each mode no later than k tau = k_tau_ini (super-horizon)"),
     "bg_a_min": Key("float", 1e-10, Interval(1e-16, 1e-4), "-",
                     "lower end of the background/thermodynamics ln(a) tables"),
     "bg_n_lna": Key("int", 4000, Interval(50, 10**6), "-",

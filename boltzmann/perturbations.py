@@ -102,10 +102,10 @@ def mode_params(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> np.ndarray:
     return np.stack(rows)
 
 
-def initial_states(model, params: np.ndarray, k_tau_ini: float):
+def initial_states(model, params: np.ndarray, k_tau_ini: float, omega_tau_ini: float):
     """(x_ini (N,), y0 (N, n)) of the adiabatic growing mode for every parameter row."""
     def one(p):
-        tau, a = initial_time(model, p, ktau_max=k_tau_ini)
+        tau, a = initial_time(model, p, ktau_max=k_tau_ini, omtau_max=omega_tau_ini)
         return jnp.log(a), adiabatic_initial_conditions(model, p, tau, a)
     x0, y0 = jax.jit(jax.vmap(one))(jnp.asarray(params))
     return np.asarray(x0), np.asarray(y0)

@@ -57,7 +57,7 @@ def run(config, *, backend: str = "auto", progress=None) -> PipelineResult:
     k = config.output.k_grid(float(cosmo.h))
     zs = [float(z) for z in config.output.z]
     params = pt.mode_params(model, cosmo, k, grid)
-    x0, y0 = pt.initial_states(model, params, prec.k_tau_ini)
+    x0, y0 = pt.initial_states(model, params, prec.k_tau_ini, prec.omega_tau_ini)
     if np.any(x0 < grid.x_min):
         raise ValueError(f"precision.bg_a_min = {prec.bg_a_min:g} is above the initial scale "
                          f"factor of the largest k ({np.exp(x0.min()):.3g}); lower it")
