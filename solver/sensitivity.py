@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
