@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .rosenbrock import dense_output, rosenbrock_step_looped
 from .status import Status
@@ -39,7 +40,7 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
     rtol, atol (n,), weights (n,), h0 (N,) or NaN for automatic) -> EnsembleResult.
     """
     k_ctrl = tab.embedded_order + 1.0
-    running = jnp.int32(Status.RUNNING)
+    running = np.int32(Status.RUNNING)  # a numpy constant: plans may be built inside a trace
 
     def initial_step(y0, t0, t_end, p, args, rtol, atol, weights, n_weighted):
         # Hairer, Nørsett & Wanner, Solving ODEs I, §II.4: h from ‖y0‖, ‖f0‖ and a finite
