@@ -65,58 +65,11 @@ def _cuda_modules():
 # --------------------------------------------------------------------------- host-side validation
 def _prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps, first_step):
     """Validate and normalise the inputs exactly as ``solver.api.solve`` does for the JAX backend."""
-    from .api import _check_finite
+    from .api import validate_inputs
 
-    y0 = np.asarray(y0, dtype=np.float64)
-    if y0.ndim != 2:
-        raise ValueError(f"y0 must have shape (N, n) (N trajectories of n variables); got shape "
-                         f"{y0.shape}. For one trajectory use y0[None, :].")
+    y0, params, ts, t0a, tea, atol_a, w, h0 = validate_inputs(
+        y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps, first_step)
     N, n = y0.shape
-    if N == 0 or n == 0:
-        raise ValueError(f"y0 must be non-empty, got shape {y0.shape}")
-    _check_finite("y0", y0)
-    params = np.asarray(params, dtype=np.float64)
-    if params.ndim == 1 and params.size == 0:
-        params = np.zeros((N, 0))
-    if params.ndim != 2 or params.shape[0] != N:
-        raise ValueError(f"params must have shape (N, P) with N = {N} (one row per trajectory); "
-                         f"got shape {params.shape}")
-    _check_finite("params", params)
-    ts = np.asarray(t_save, dtype=np.float64)
-    if ts.ndim == 1:
-        ts = np.broadcast_to(ts, (N, ts.size))
-    if ts.ndim != 2 or ts.shape[0] != N or ts.shape[1] == 0:
-        raise ValueError(f"t_save must have shape (m,) or (N, m) with N = {N}, m >= 1; got "
-                         f"{np.shape(t_save)}")
-    _check_finite("t_save", ts)
-    if np.any(np.diff(ts, axis=1) < 0):
-        raise ValueError("t_save must be ascending along each trajectory")
-    t0a = ts[:, 0] if t0 is None else np.broadcast_to(np.asarray(t0, np.float64), (N,))
-    tea = ts[:, -1] if t_end is None else np.broadcast_to(np.asarray(t_end, np.float64), (N,))
-    _check_finite("t0", t0a)
-    _check_finite("t_end", tea)
-    if np.any(tea < t0a):
-        raise ValueError("t_end must be >= t0 for every trajectory (forward integration only)")
-    if np.any(ts < t0a[:, None]) or np.any(ts > tea[:, None]):
-        raise ValueError("every save time must lie within [t0, t_end] of its trajectory")
-    if not (0 < rtol < 1):
-        raise ValueError(f"rtol must be in (0, 1), got {rtol}")
-    atol_a = np.broadcast_to(np.asarray(atol, np.float64), (n,)).copy() \
-        if np.ndim(atol) in (0, 1) and np.size(atol) in (1, n) else None
-    if atol_a is None or np.any(atol_a <= 0):
-        raise ValueError(f"atol must be a positive scalar or an array of shape ({n},)")
-    if error_weights is None:
-        w = np.ones(n)
-    else:
-        w = np.asarray(error_weights, np.float64)
-        if w.shape != (n,) or np.any(w < 0) or not np.all(np.isfinite(w)):
-            raise ValueError(f"error_weights must be a finite non-negative array of shape ({n},)")
-        if not np.any(w > 0):
-            raise ValueError("error_weights: at least one component must have a positive weight")
-    if not (isinstance(max_steps, (int, np.integer)) and max_steps > 0):
-        raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
-    h0 = np.full(N, np.nan) if first_step is None else \
-        np.broadcast_to(np.asarray(first_step, np.float64), (N,))
     if params.shape[1] == 0:  # the kernel passes p as a tuple of length >= 1
         params_k = np.zeros((N, 1))
     else:
