@@ -505,6 +505,14 @@ def _build_cosmology(c: dict) -> CosmoParams:
             raise ConfigError(f"cosmology.w0_fld + cosmology.wa_fld = {w0_ + wa_:g} > 0: the fluid "
                               f"would not be dark energy at early times (w(a->0) = w0 + wa); "
                               f"allowed w0 + wa <= 0")
+        # w(a) is linear in a, so it crosses -1 on 0 < a <= 1 iff w(0) + 1 and w(1) + 1 have
+        # strictly opposite signs; the c_s^2 = 1 rest-frame fluid equations divide by 1 + w there
+        if (w0_ + 1.0) * (w0_ + wa_ + 1.0) < 0.0:
+            raise ConfigError(f"cosmology.w0_fld = {w0_:g}, cosmology.wa_fld = {wa_:g}: w(a) = w0 + "
+                              f"wa (1 - a) crosses -1 (phantom divide) at a = "
+                              f"{1.0 + (w0_ + 1.0) / wa_:.4g}; the fluid perturbation equations "
+                              f"(c_s^2 = 1, no PPF) diverge there and PPF is not implemented. Keep "
+                              f"w0 + 1 and w0 + wa + 1 of the same sign")
     cosmo = CosmoParams.make(
         h=c["h"], omega_b=c["omega_b"], omega_cdm=c["omega_cdm"], n_s=c["n_s"],
         tau_reio=c["tau_reio"], A_s=c.get("A_s"), ln10_10_A_s=c.get("ln10^{10}A_s"),

@@ -87,10 +87,33 @@ def test_wcdm_example_config():
     cfg = load_config("wcdm_heavy_nu")
     c = cfg.cosmology
     assert c.use_fld and c.n_ncdm == 2
-    assert float(c.w0_fld) == -0.9 and float(c.wa_fld) == -0.2
+    assert float(c.w0_fld) == -0.9 and float(c.wa_fld) == 0.1
     assert float(c.N_eff) == pytest.approx(3.044, abs=1e-4)
     assert float(c.Omega_Lambda) == 0.0 and 0.6 < float(c.Omega_fld) < 0.75
     assert float(c.ln10_10_A_s) == pytest.approx(3.0445, rel=1e-14)
+
+
+@pytest.mark.parametrize("w0,wa,crosses", [
+    (-0.9, -0.2, True),     # w = -1 at a = 0.5 (the old example config)
+    (-1.1, 0.3, True),      # phantom today, quintessence early
+    (-0.7, -0.9, True),     # DESI-like: crosses at a ~ 0.67
+    (-0.9, 0.1, False), (-1.1, -0.1, False), (-0.9, -0.1, False),
+    (-1.0, 0.3, False),     # touches -1 only at a = 1 (not strictly opposite signs)
+    (-0.8, -0.2, False),    # touches -1 only as a -> 0
+    (-1.0, 0.0, False),     # Lambda as a fluid
+])
+def test_fluid_crossing_minus_one_is_rejected(w0, wa, crosses):
+    cfg = patched("cosmology", w0_fld=w0, wa_fld=wa)
+    if not crosses:
+        assert load_config(cfg).cosmology.use_fld
+        return
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    msg = str(info.value)
+    for needle in ("cosmology.w0_fld", "cosmology.wa_fld", "crosses -1", "PPF is not implemented"):
+        assert needle in msg, (needle, msg)
+    a_cross = 1.0 + (w0 + 1.0) / wa
+    assert f"a = {a_cross:.4g}" in msg and 0.0 < a_cross < 1.0
 
 
 def test_dict_source_and_ln10As_equivalence():
