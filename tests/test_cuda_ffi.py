@@ -1,0 +1,297 @@
+"""The CUDA backend's JAX interop (solver/cuda_ffi.py, solver/csrc/rodas_ffi.cc).
+
+CPU (no GPU needed, g++ needed): the handler library builds against this jaxlib's FFI headers and
+exports its symbols; the build is cached; missing compiler / compile errors are reported clearly;
+and a host-platform twin of the handler (same attribute decoding and parameter packing, no launch)
+shows, through a real ``jax.ffi.ffi_call``, that the kernel parameters are packed as
+numba-cuda-mlir's kernels expect them (arrays as allocated, aligned, offset, sizes, strides), also
+under ``jax.jit`` and with ``jax.vmap`` folded into one call.
+
+GPU (``-m gpu``): ``solve_jax`` against ``solve(backend="cuda")`` (the plain numba launch of the
+same kernel: same step counts) and ``backend="jax"`` (within 20 tolerances, as in
+tests/test_cuda_backend.py: two solutions each within 10 of the truth), under ``jax.jit``, and
+``jax.vmap`` over an extra leading batch axis = one launch with the unbatched calls' numbers.
+"""
+import ctypes
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from models.stiff import ROBERTSON, VAN_DER_POL
+from solver import RODAS5P, solve
+from solver.cuda_backend import CudaBackendUnavailable
+from solver.status import Status
+
+needs_gxx = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX") or "g++") is None,
+    reason="g++ not found: the XLA FFI handler (solver/csrc/rodas_ffi.cc) cannot be built here")
+
+
+def _probe(rhs, y0, ts, params, **kw):
+    """The whole solve_jax path on the CPU, with the packing twin of the handler as the target;
+    returns the 6th output, the dump (rows: [n_slots, slot bits..., -1 ...])."""
+    from solver import cuda_ffi
+
+    opts = dict(args=None, rtol=1e-6, atol=1e-9, t0=None, t_end=None, sparsity=None,
+                error_weights=None, max_steps=1000, first_step=None, controller=None,
+                tableau=RODAS5P)
+    opts.update(kw)
+    return cuda_ffi._solve_impl(rhs, y0, ts, params, probe=True, jit_eager=False, **opts)[5]
+
+
+def _bits(x):
+    return int(np.float64(x).view(np.int64))
+
+
+def _array_slots(dump, pos, shape):
+    """Check one array's 3 + 2r slots at ``pos``; returns the next position."""
+    r = len(shape)
+    ptr, aligned, offset = dump[pos:pos + 3]
+    assert ptr == aligned and ptr != 0 and offset == 0
+    assert list(dump[pos + 3:pos + 3 + r]) == list(shape)
+    strides = [int(np.prod(shape[k + 1:])) for k in range(r)]
+    assert list(dump[pos + 3 + r:pos + 3 + 2 * r]) == strides  # row-major, in elements
+    return pos + 3 + 2 * r
+
+
+# ----------------------------------------------------------------------------- CPU: the library
+@needs_gxx
+def test_library_builds_and_exports_symbols():
+    from solver import cuda_ffi
+
+    path = cuda_ffi.library_path()
+    assert path.is_file() and path.suffix == ".so"
+    lib = ctypes.CDLL(str(path))
+    for sym in ("BoltzmannRodasSolve", "BoltzmannRodasPackProbe", "rodas_ffi_abi_version",
+                "rodas_ffi_register_kernel", "rodas_ffi_launch_count",
+                "rodas_ffi_driver_status"):
+        assert hasattr(lib, sym), sym
+    assert cuda_ffi.load_library().rodas_ffi_abi_version() == cuda_ffi.ABI_VERSION
+    # cached: a second lookup neither rebuilds nor moves it
+    mtime = path.stat().st_mtime_ns
+    assert cuda_ffi.library_path() == path and path.stat().st_mtime_ns == mtime
+    # no GPU here: the driver status names the reason instead of crashing
+    status = cuda_ffi.load_library().rodas_ffi_driver_status().decode()
+    assert isinstance(status, str)
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
+    from solver import cuda_ffi
+
+    monkeypatch.setenv("CXX", "no-such-compiler-for-boltzmann")
+    with pytest.raises(CudaBackendUnavailable, match="C\\+\\+ compiler.*g\\+\\+"):
+        cuda_ffi.build_library(tmp_path / "x.so")
+
+
+@needs_gxx
+def test_compile_error_shows_compiler_output(monkeypatch, tmp_path):
+    from solver import cuda_ffi
+
+    bad = tmp_path / "broken.cc"
+    bad.write_text("int broken( {\n")
+    monkeypatch.setattr(cuda_ffi, "SOURCE", bad)
+    with pytest.raises(cuda_ffi.FfiBuildError, match="(?s)building the XLA FFI handler failed.*"
+                                                     "broken.cc.*error"):
+        cuda_ffi.build_library(tmp_path / "x.so")
+    assert not list(tmp_path.glob("*.so"))
+
+
+# ----------------------------------------------------------------------------- CPU: layout
+def test_layout_covers_kernel_args():
+    from solver import cuda_ffi
+    from solver.cuda_codegen import KERNEL_ARGS
+
+    layout = cuda_ffi._layout(KERNEL_ARGS, 1)
+    assert layout.size == 2 * len(KERNEL_ARGS)
+    with pytest.raises(CudaBackendUnavailable, match="bogus"):
+        cuda_ffi._layout(KERNEL_ARGS + ("bogus",), 1)
+
+
+def test_ptx_entry_parser():
+    from solver.cuda_ffi import _ptx_entry_param_sizes
+
+    ptx = """
+.visible .entry _Z6kernelPd(
+\t.param .u64 _Z6kernelPd_param_0,
+\t.param .f64 _Z6kernelPd_param_1,
+\t.param .u32 _Z6kernelPd_param_2,
+\t.param .align 8 .b8 _Z6kernelPd_param_3[24],
+\t.param .u64 .ptr .global .align 8 _Z6kernelPd_param_4
+)
+{ ret; }"""
+    assert _ptx_entry_param_sizes(ptx, "_Z6kernelPd") == [8, 8, 4, 24, 8]
+    assert _ptx_entry_param_sizes(ptx, "other") is None
+
+
+def test_kernel_image_extraction():
+    from solver.cuda_ffi import _kernel_image
+
+    class Res:
+        def __init__(self, meta):
+            self.metadata = meta
+
+    image, name, ptx = _kernel_image(Res({"cubin": b"\x7fELF..kern..", "func_name": "kern",
+                                          "ptx": ".entry kern()"}), object())
+    assert image.startswith(b"\x7fELF") and name == "kern" and ptx == ".entry kern()"
+    with pytest.raises(CudaBackendUnavailable, match="metadata keys \\['ptx'\\]"):
+        _kernel_image(Res({"ptx": "x"}), object())
+    with pytest.raises(CudaBackendUnavailable, match="setup callbacks"):
+        _kernel_image(Res({"cubin": b"kern", "func_name": "kern", "setup_callbacks": [print]}),
+                      object())
+
+
+@needs_gxx
+def test_parameters_packed_as_numba_cuda_mlir_expects():
+    """Through a real ffi_call: every kernel argument in KERNEL_ARGS order, arrays expanded."""
+    from solver.cuda_codegen import KERNEL_ARGS
+
+    N, m = 3, 4
+    y0 = np.tile(ROBERTSON.y0, (N, 1))
+    params = np.tile(ROBERTSON.params, (N, 1))
+    ts = np.array([0.0, 1.0, 10.0, 100.0])
+    dump = np.asarray(_probe(ROBERTSON.rhs, y0, ts, params, rtol=1e-5, atol=1e-12,
+                             error_weights=np.array([1.0, 0.0, 1.0])))[0]
+    n = 3
+    shapes = {"y0": (N, n), "t0": (N,), "t_end": (N,), "t_save": (N, m), "params": (N, 3),
+              "args": (1,), "atol": (n,), "weights": (n,), "h0": (N,), "ys": (N, m, n),
+              "t_out": (N,), "status": (N,), "n_accepted": (N,), "n_rejected": (N,)}
+    scalars = {"rtol": _bits(1e-5), "n_weighted": _bits(2.0), "n_traj": N}
+    pos = 1
+    for name in KERNEL_ARGS:
+        if name in shapes:
+            pos = _array_slots(dump, pos, shapes[name])
+        else:
+            assert dump[pos] == scalars[name], name
+            pos += 1
+    assert dump[0] == pos - 1 and np.all(dump[pos:] == -1)
+
+
+@needs_gxx
+def test_jit_and_vmap_fold_into_one_call():
+    from solver import cuda_ffi
+
+    N, B1, B2 = 2, 3, 2
+    ts = np.linspace(0.0, 3000.0, 5)
+    y0 = np.tile(VAN_DER_POL.y0, (B2, B1, N, 1)) * (1 + 0.1 * np.arange(B2))[:, None, None, None]
+    params = np.tile(VAN_DER_POL.params, (N, 1))
+
+    def f(y0):
+        return _probe(VAN_DER_POL.rhs, y0, ts, params)
+
+    run = jax.jit(jax.vmap(jax.vmap(f)))
+    hlo = run.lower(jnp.asarray(y0)).as_text()
+    # ONE custom call in the program, on the folded ensemble (vmap levels only re-trace)
+    assert hlo.count(cuda_ffi.PROBE_TARGET_NAME) == 1, hlo
+    dump = np.asarray(run(jnp.asarray(y0)))
+    assert dump.shape[:3] == (B2, B1, N)
+    first = dump[0, 0, 0]
+    assert first[0] > 0 and first[first[0]] == B2 * B1 * N  # n_traj, the last kernel argument
+    assert _array_slots(first, 1, (B2 * B1 * N, 2)) > 1     # y0 folded to (B2*B1*N, n)
+    # unbatched params are broadcast into the folded ensemble
+    g = jax.vmap(f)
+    assert jax.jit(g).lower(jnp.asarray(y0[0])).as_text().count(cuda_ffi.PROBE_TARGET_NAME) == 1
+    dump2 = np.asarray(g(jnp.asarray(y0[0])))
+    assert dump2[0, 0][dump2[0, 0][0]] == B1 * N
+
+
+def test_solve_jax_needs_a_gpu():
+    from solver import cuda_ffi
+
+    if jax.default_backend() == "gpu":
+        pytest.skip("a GPU is present")
+    with pytest.raises(CudaBackendUnavailable, match="CUDA GPU"):
+        cuda_ffi.solve_jax(VAN_DER_POL.rhs, VAN_DER_POL.y0[None], [0.0, 1.0],
+                           VAN_DER_POL.params[None])
+
+
+# ----------------------------------------------------------------------------- GPU
+CASES = {
+    "robertson": (ROBERTSON, np.concatenate([[0.0], np.logspace(-4, 5, 10)]), 1e-6, 1e-12),
+    "van_der_pol": (VAN_DER_POL, np.linspace(0.0, 3000.0, 7), 1e-6, 1e-9),
+}
+
+
+def _ensemble(prob, N, spread=0.2, seed=0):
+    rng = np.random.default_rng(seed)
+    params = prob.params[None, :] * (1.0 + spread * (rng.random((N, prob.params.size)) - 0.5))
+    return np.tile(prob.y0, (N, 1)), params
+
+
+def _close(ref, ys, status, rtol, atol, bound):
+    ok = np.asarray(status) == Status.OK
+    ya, yb = np.asarray(ref)[ok], np.asarray(ys)[ok]
+    assert np.all(np.isfinite(yb))
+    ratio = np.abs(ya - yb) / (rtol * np.abs(ya) + atol)
+    assert ratio.max() <= bound, f"max |diff|/tol = {ratio.max():.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_ffi_matches_numba_launch_and_jax(name):
+    from solver import cuda_ffi
+
+    prob, ts, rtol, atol = CASES[name]
+    y0, params = _ensemble(prob, 8)
+    ys, t, st, nacc, nrej = cuda_ffi.solve_jax(prob.rhs, y0, ts, params, rtol=rtol, atol=atol)
+    numba = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol, backend="cuda")
+    ref = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol)
+    for other in (numba, ref):
+        assert np.asarray(st).tolist() == np.asarray(other.status).tolist()
+    assert np.all(np.asarray(st) == Status.OK)
+    np.testing.assert_allclose(np.asarray(t), np.asarray(ref.t_final), rtol=1e-14)
+    # the same kernel as the plain launch: the same steps, the same numbers within 10 tol
+    assert np.asarray(nacc).tolist() == np.asarray(numba.n_accepted).tolist()
+    assert np.asarray(nrej).tolist() == np.asarray(numba.n_rejected).tolist()
+    _close(numba.ys, ys, st, rtol, atol, 10.0)
+    _close(ref.ys, ys, st, rtol, atol, 20.0)
+    sol = cuda_ffi.solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol)
+    assert sol.backend == "cuda" and sol.info["launch"] == "xla-ffi"
+    np.testing.assert_array_equal(np.asarray(sol.ys), np.asarray(ys))
+
+
+@pytest.mark.gpu
+def test_ffi_under_jit():
+    from solver import cuda_ffi
+
+    prob, ts, rtol, atol = CASES["van_der_pol"]
+    y0, params = _ensemble(prob, 8)
+
+    @jax.jit
+    def run(y0, params, t_end):
+        ys, _, st, _, _ = cuda_ffi.solve_jax(prob.rhs, y0, ts, params, rtol=rtol, atol=atol,
+                                             t_end=t_end)
+        return ys, st
+
+    ys, st = run(jnp.asarray(y0), jnp.asarray(params), ts[-1])
+    eager = cuda_ffi.solve_jax(prob.rhs, y0, ts, params, rtol=rtol, atol=atol)
+    np.testing.assert_array_equal(np.asarray(st), np.asarray(eager[2]))
+    np.testing.assert_array_equal(np.asarray(ys), np.asarray(eager[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batched_params", [True, False])
+def test_vmap_is_one_launch(batched_params):
+    from solver import cuda_ffi
+
+    prob, ts, rtol, atol = CASES["van_der_pol"]
+    B, N = 3, 4
+    batches = [_ensemble(prob, N, seed=s) for s in range(B)]
+    y0b = np.stack([b[0] * (1.0 + 0.05 * k) for k, b in enumerate(batches)])
+    pb = np.stack([b[1] for b in batches]) if batched_params else batches[0][1]
+
+    def f(y0, params):
+        return cuda_ffi.solve_jax(prob.rhs, y0, ts, params, rtol=rtol, atol=atol)
+
+    run = jax.jit(jax.vmap(f, in_axes=(0, 0 if batched_params else None)))
+    before = cuda_ffi.launch_count()
+    out = jax.block_until_ready(run(jnp.asarray(y0b), jnp.asarray(pb)))
+    assert cuda_ffi.launch_count() == before + 1
+    assert out[0].shape == (B, N, ts.size, prob.n)
+    for k in range(B):
+        one = f(y0b[k], pb[k] if batched_params else pb)
+        for a, b in zip(out, one):
+            np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b))
