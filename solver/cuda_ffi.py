@@ -331,9 +331,11 @@ def _kernel_image(cres, dispatcher):
 class _Kernel:
     """One compiled kernel registered with the handler library."""
 
-    def __init__(self, key, layout, func_name=None, image_bytes=0, compile_s=0.0, n_params=None):
+    def __init__(self, key, layout, func_name=None, image_bytes=0, compile_s=0.0, n_params=None,
+                 plan=None, dispatcher=None):
         self.key, self.layout, self.func_name = key, layout, func_name
         self.image_bytes, self.compile_s, self.n_params = image_bytes, compile_s, n_params
+        self.plan, self.dispatcher = plan, dispatcher
 
 
 _KEYS = itertools.count(1)
@@ -366,7 +368,7 @@ def _compile_and_register(plan, kernel_args, example, in_ranks, out_ranks, layou
     lib.rodas_ffi_register_kernel(key, image, len(image), func_name.encode())
     COUNTERS["kernels_registered"] += 1
     COUNTERS["compile_seconds"] += compile_s
-    return _Kernel(key, layout, func_name, len(image), compile_s, expected)
+    return _Kernel(key, layout, func_name, len(image), compile_s, expected, plan, disp)
 
 
 # =============================================================================== configurations
@@ -625,8 +627,8 @@ def _solve_impl(rhs, y0, t_save, params, *, args, rtol, atol, t0, t_end, sparsit
     if jit_eager and not any(_is_tracer(x) for x in (*ops, *leaves)):
         if cfg.jitted is None:
             cfg.jitted = jax.jit(cfg.core)
-        return cfg.jitted(y0, t0a, tea, ts, params, h0, leaves)
-    return cfg.core(y0, t0a, tea, ts, params, h0, leaves)
+        return cfg.jitted(y0, t0a, tea, ts, params, h0, leaves), cfg
+    return cfg.core(y0, t0a, tea, ts, params, h0, leaves), cfg
 
 
 def solve_jax(rhs, y0, t_save, params, *, args=None, rtol: float = 1e-6, atol=1e-9, t0=None,
@@ -644,7 +646,7 @@ def solve_jax(rhs, y0, t_save, params, *, args=None, rtol: float = 1e-6, atol=1e
     return _solve_impl(rhs, y0, t_save, params, args=args, rtol=rtol, atol=atol, t0=t0,
                        t_end=t_end, sparsity=sparsity, error_weights=error_weights,
                        max_steps=max_steps, first_step=first_step, controller=controller,
-                       tableau=tableau, probe=False, jit_eager=True)
+                       tableau=tableau, probe=False, jit_eager=True)[0]
 
 
 def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, t_end=None,
@@ -653,23 +655,33 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
     """``solver.solve(..., backend="cuda")`` through the XLA custom call: a Solution with the
     same contract as :func:`solver.cuda_backend.solve` (ys / t_final stay JAX arrays on the GPU,
     as with the JAX backend)."""
+    from . import cuda_backend
     from .api import Solution
 
     if linear_solver not in ("auto", "dense", "sparse"):
         raise ValueError(f"linear_solver must be one of ('auto', 'dense', 'sparse'), got "
                          f"{linear_solver!r}")
-    calls, regs = COUNTERS["ffi_calls"], COUNTERS["kernels_registered"]
+    regs = COUNTERS["kernels_registered"]
     t_start = time.perf_counter()
-    ys, t, st, nacc, nrej = solve_jax(rhs, y0, t_save, params, args=args, rtol=rtol, atol=atol,
-                                      t0=t0, t_end=t_end, sparsity=sparsity,
-                                      error_weights=error_weights, max_steps=max_steps,
-                                      first_step=first_step, controller=controller,
-                                      tableau=tableau)
-    st = np.asarray(st)  # waits for the launch
+    (ys, t, st, nacc, nrej), cfg = _solve_impl(
+        rhs, y0, t_save, params, args=args, rtol=rtol, atol=atol, t0=t0, t_end=t_end,
+        sparsity=sparsity, error_weights=error_weights, max_steps=max_steps,
+        first_step=first_step, controller=controller, tableau=tableau, probe=False,
+        jit_eager=True)
+    st = np.asarray(st)  # waits for the launch (one custom call writes every output)
     elapsed = time.perf_counter() - t_start
-    info = {"linear_solver": "sparse", "launch": "xla-ffi", "seconds": elapsed,
+    kern = next(iter(cfg.kernels.values()))  # one args structure per configuration here
+    plan = kern.plan
+    local_mem = getattr(cuda_backend, "_local_mem", None)
+    info = {"linear_solver": "sparse", "launch": "xla-ffi",
+            "jacobian_colors": int(plan.jac_plan.n_colors), "lu_slots": int(plan.linear.nslots),
+            "kernel_seconds": elapsed,
             "first_call_includes_compile": COUNTERS["kernels_registered"] > regs,
-            "traced": COUNTERS["ffi_calls"] > calls}
+            "compile_seconds": kern.compile_s, "host_setup_seconds": plan.host_setup_s,
+            "kernel_module": plan.module_path, "kernel_entry": kern.func_name,
+            "cubin_bytes": kern.image_bytes,
+            "table_values": int(getattr(plan.spec, "n_tv", 0)),
+            "local_mem_per_thread": local_mem(kern.dispatcher) if local_mem else None}
     return Solution(ys=ys, status=st.astype(np.int32), t_final=t, n_accepted=np.asarray(nacc),
                     n_rejected=np.asarray(nrej), backend="cuda", info=info)
 

@@ -119,14 +119,15 @@ const Driver& LoadDriver() {
   ok &= Resolve(lib, d.cuCtxGetCurrent, {"cuCtxGetCurrent"}, missing);
   ok &= Resolve(lib, d.cuCtxPushCurrent, {"cuCtxPushCurrent_v2", "cuCtxPushCurrent"}, missing);
   ok &= Resolve(lib, d.cuCtxPopCurrent, {"cuCtxPopCurrent_v2", "cuCtxPopCurrent"}, missing);
-  // the unversioned symbol keeps the (CUstream, CUcontext*) signature; _v2 differs (green ctx)
-  ok &= Resolve(lib, d.cuStreamGetCtx, {"cuStreamGetCtx"}, missing);
   ok &= Resolve(lib, d.cuModuleLoadData, {"cuModuleLoadData"}, missing);
   ok &= Resolve(lib, d.cuModuleGetFunction, {"cuModuleGetFunction"}, missing);
   ok &= Resolve(lib, d.cuLaunchKernel, {"cuLaunchKernel"}, missing);
-  ok &= Resolve(lib, d.cuGetErrorName, {"cuGetErrorName"}, missing);
-  ok &= Resolve(lib, d.cuGetErrorString, {"cuGetErrorString"}, missing);
+  // optional: without them the current context is used, errors are numbers, nothing is checked
   std::string optional_missing;
+  // the unversioned symbol keeps the (CUstream, CUcontext*) signature; _v2 differs (green ctx)
+  Resolve(lib, d.cuStreamGetCtx, {"cuStreamGetCtx"}, optional_missing);
+  Resolve(lib, d.cuGetErrorName, {"cuGetErrorName"}, optional_missing);
+  Resolve(lib, d.cuGetErrorString, {"cuGetErrorString"}, optional_missing);
   Resolve(lib, d.cuFuncGetParamInfo, {"cuFuncGetParamInfo"}, optional_missing);
   if (!ok) {
     d.error = "libcuda.so.1 lacks: " + missing;
@@ -336,7 +337,7 @@ ffi::Error RodasSolveImpl(CUstream stream, ffi::RemainingArgs args, ffi::Remaini
     return ffi::Error(ffi::ErrorCode::kUnavailable, "rodas_ffi: CUDA driver: " + d.error);
   }
   CUcontext ctx = nullptr;
-  CUresult rc = d.cuStreamGetCtx(stream, &ctx);
+  CUresult rc = d.cuStreamGetCtx ? d.cuStreamGetCtx(stream, &ctx) : 1;
   if (rc != 0 || ctx == nullptr) {
     rc = d.cuCtxGetCurrent(&ctx);
     if (rc != 0 || ctx == nullptr) {
