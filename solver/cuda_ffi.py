@@ -686,6 +686,65 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
                     n_rejected=np.asarray(nrej), backend="cuda", info=info)
 
 
+def bench(N: int = 1024, batches: int = 4, reps: int = 3, log=print) -> dict:
+    """Timings on the GPU: the 64-variable van der Pol lattice (t in [0, 3], rtol 1e-6), N
+    trajectories through the custom call (first call = compile + run; warm), ``jit(vmap)`` over
+    ``batches`` x N/batches (launches counted), and the plain numba launch of the same kernel."""
+    import jax
+    import jax.numpy as jnp
+
+    from models.stiff import van_der_pol_lattice
+
+    from . import cuda_backend
+
+    prob = van_der_pol_lattice(32)
+    ts, rtol, atol = np.linspace(0.0, 3.0, 4), 1e-6, 1e-9
+    rng = np.random.default_rng(0)
+    y0 = np.tile(prob.y0, (N, 1))
+    params = prob.params[None, :] * (1.0 + 0.2 * (rng.random((N, prob.params.size)) - 0.5))
+    rec = {"N": N, "n": prob.n, "device": str(jax.devices()[0])}
+
+    def timed(fn):
+        t0 = time.perf_counter()
+        out = fn()
+        jax.block_until_ready(out)
+        return out, time.perf_counter() - t0
+
+    sol, rec["ffi_first_s"] = timed(lambda: solve(prob.rhs, y0, ts, params, rtol=rtol,
+                                                  atol=atol).ys)
+    rec["ffi_compile_s"] = COUNTERS["compile_seconds"]
+    rec["ffi_warm_s"] = min(timed(lambda: solve(prob.rhs, y0, ts, params, rtol=rtol,
+                                                atol=atol).ys)[1] for _ in range(reps))
+    nb = N // batches
+    run = jax.jit(jax.vmap(lambda y, p: solve_jax(prob.rhs, y, ts, p, rtol=rtol, atol=atol)))
+    yb = jnp.asarray(y0[:nb * batches].reshape(batches, nb, -1))
+    pb = jnp.asarray(params[:nb * batches].reshape(batches, nb, -1))
+    before = launch_count()
+    outv, rec["vmap_first_s"] = timed(lambda: run(yb, pb))
+    rec["vmap_launches"] = launch_count() - before
+    rec["vmap_warm_s"] = min(timed(lambda: run(yb, pb))[1] for _ in range(reps))
+    old = os.environ.get("BOLTZMANN_CUDA_LAUNCH")
+    os.environ["BOLTZMANN_CUDA_LAUNCH"] = "numba"
+    try:
+        ref, rec["numba_first_s"] = timed(lambda: cuda_backend.solve(
+            prob.rhs, y0, ts, params, rtol=rtol, atol=atol))
+        rec["numba_warm_s"] = min(timed(lambda: cuda_backend.solve(
+            prob.rhs, y0, ts, params, rtol=rtol, atol=atol))[1] for _ in range(reps))
+    finally:
+        if old is None:
+            os.environ.pop("BOLTZMANN_CUDA_LAUNCH")
+        else:
+            os.environ["BOLTZMANN_CUDA_LAUNCH"] = old
+    a, b = np.asarray(sol), np.asarray(ref.ys)
+    rec["max_diff_over_tol_vs_numba"] = float(np.nanmax(np.abs(a - b) / (rtol * np.abs(b) + atol)))
+    rec["vmap_equals_unbatched"] = bool(np.array_equal(
+        np.asarray(outv[0]).reshape(nb * batches, *a.shape[1:]), a[:nb * batches],
+        equal_nan=True))
+    for k, v in rec.items():
+        log(f"{k:>28}: {v}")
+    return rec
+
+
 def _main(argv=None) -> int:
     import argparse
 
@@ -696,16 +755,19 @@ def _main(argv=None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="build/load the library, list its symbols' presence and the CUDA "
                          "driver status")
+    ap.add_argument("--bench", type=int, metavar="N", help="GPU timings with N trajectories")
     a = ap.parse_args(argv)
     if a.build:
         out = build_library(Path(a.build) / f"rodas_ffi_{_source_digest()}.so")
         print(out)
-    if a.check or not a.build:
+    if a.check or not (a.build or a.bench):
         lib = load_library()
         print("library:", library_path())
         print("abi:", lib.rodas_ffi_abi_version())
         status = lib.rodas_ffi_driver_status().decode()
         print("cuda driver:", status or "ok")
+    if a.bench:
+        bench(a.bench)
     return 0
 
 
