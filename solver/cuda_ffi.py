@@ -341,16 +341,38 @@ class _Kernel:
 _KEYS = itertools.count(1)
 
 
+def _compile_result(disp, example):
+    """The numba-cuda-mlir CompileResult of the kernel for the example values' types.
+
+    Ahead of time through ``MLIRDispatcher.compile_for`` (numba-cuda-mlir 0.5.4; the same
+    compile_mlir + optimize as a launch, and it reuses an overload a launch already compiled).  If
+    that is refused (e.g. a whole-function planner that needs launch metadata), one launch of a
+    single finished trajectory (t0 = t_end) compiles it and the overload is read back."""
+    errors = []
+    if hasattr(disp, "compile_for"):
+        try:
+            return disp.compile_for(*example)
+        except Exception as exc:  # noqa: BLE001 - fall back below, report both if that fails
+            errors.append(f"compile_for: {type(exc).__name__}: {exc}")
+    try:
+        disp[1, THREADS_PER_BLOCK](*example)  # host arrays: copied in and back by numba
+        found = [c for c in list(getattr(disp, "overloads", {}).values()) +
+                 list(getattr(disp, "_launch_config_overloads", {}).values())
+                 if "cubin" in (getattr(c, "metadata", None) or {})]
+        if found:
+            return found[-1]
+        errors.append("launch: no overload with a cubin in dispatcher.overloads / "
+                      "_launch_config_overloads")
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"launch: {type(exc).__name__}: {exc}")
+    raise CudaBackendUnavailable("could not compile the kernel ahead of time for the XLA custom "
+                                 "call: " + "; ".join(errors))
+
+
 def _compile_and_register(plan, kernel_args, example, in_ranks, out_ranks, layout) -> _Kernel:
     disp = plan.kernel()  # numba-cuda-mlir dispatcher (raises CudaBackendUnavailable without it)
     t_start = time.perf_counter()
-    if hasattr(disp, "compile_for"):
-        cres = disp.compile_for(*example)
-    else:  # older/newer API: an explicit signature
-        from numba_cuda_mlir import types
-        from numba_cuda_mlir.numba_cuda.typing.typeof import typeof
-
-        cres = disp.compile(types.void(*[typeof(a) for a in example]))
+    cres = _compile_result(disp, example)
     compile_s = time.perf_counter() - t_start
     image, func_name, ptx = _kernel_image(cres, disp)
     expected = _expected_param_count(layout, in_ranks, out_ranks)
@@ -623,7 +645,8 @@ def _solve_impl(rhs, y0, t_save, params, *, args, rtol, atol, t0, t_end, sparsit
     cfg = _config(rhs, n, P, args is not None, rtol, atol_a, w, max_steps, sparsity, controller,
                   tableau, probe)
     if leaves and not probe and not any(_is_tracer(x) for x in (y0, t0a, params, leaves[0])):
-        cfg.check_split(y0, t0a, params, leaves[0])
+        with jax.ensure_compile_time_eval():  # concrete values, perhaps inside an outer trace
+            cfg.check_split(y0, t0a, params, leaves[0])
     if jit_eager and not any(_is_tracer(x) for x in (*ops, *leaves)):
         if cfg.jitted is None:
             cfg.jitted = jax.jit(cfg.core)

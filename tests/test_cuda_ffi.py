@@ -144,6 +144,36 @@ def test_kernel_image_extraction():
                       object())
 
 
+def test_compile_result_falls_back_to_one_launch():
+    from solver.cuda_ffi import _compile_result
+
+    class Res:
+        metadata = {"cubin": b"kern", "func_name": "kern"}
+
+    class Disp:
+        def __init__(self):
+            self.overloads, self.launched = {}, []
+
+        def compile_for(self, *a):
+            raise RuntimeError("whole-function planner requires launch metadata")
+
+        def __getitem__(self, cfg):
+            def launch(*a):
+                self.launched.append((cfg, a))
+                self.overloads[("sig",)] = Res()
+            return launch
+
+    d = Disp()
+    assert isinstance(_compile_result(d, (1.0, 2)), Res) and d.launched == [((1, 32), (1.0, 2))]
+
+    class Broken(Disp):
+        def __getitem__(self, cfg):
+            raise ValueError("no GPU")
+
+    with pytest.raises(CudaBackendUnavailable, match="(?s)compile_for: RuntimeError.*no GPU"):
+        _compile_result(Broken(), ())
+
+
 @needs_gxx
 def test_parameters_packed_as_numba_cuda_mlir_expects():
     """Through a real ffi_call: every kernel argument in KERNEL_ARGS order, arrays expanded."""
