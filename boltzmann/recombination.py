@@ -6,9 +6,11 @@ What is modelled (all rates in SI inside, derivatives returned per ln a):
   Sasselov & Scott (1999, ApJ 523 L1; 2000, ApJS 128 407): Case-B recombination coefficient
   from the Pequignot, Petitjean & Boisson (1991) fit times the fudge factor F_H, photoionisation
   from n = 2 by detailed balance, the Peebles escape factor C_H with the Lyman-alpha Sobolev
-  factor K_H = lambda_Lya^3 / (8 pi H) and the 2s->1s two-photon rate.  Optionally RECFAST 1.5's
+  factor K_H = lambda_Lya^3 / (8 pi H) and the 2s->1s two-photon rate.  By default RECFAST 1.5.2's
   double-Gaussian correction of K_H in ln(1+z) (Rubino-Martin, Chluba, Fendt & Wandelt 2010,
-  MNRAS 403 439; used with F_H = 1.14 as in Wong, Moss & Scott 2008, MNRAS 386 1023).
+  MNRAS 403 439) with the fudge factor it was calibrated with, F_H = 1.14 - 0.015 = 1.125 (the
+  pairing of RECFAST 1.5.2 as shipped in CAMB and CLASS: Hswitch on => F_H = 1.125); F_H = 1.14 is
+  the RECFAST 1.4 value (Wong, Moss & Scott 2008, MNRAS 386 1023) for the uncorrected equations.
 - Helium I: the singlet three-level atom (SSS 2000) with the Hummer & Storey (1998) recombination
   fit, plus the RECFAST 1.5 refinements: Sobolev escape probability of the 2^1P - 1^1S line
   (Switzer & Hirata 2008, PRD 77 083006/7/8), continuum opacity of neutral hydrogen in that line
@@ -117,24 +119,39 @@ INV_MPC_TO_INV_S = C_SI / MPC_M
 class RecombinationSettings:
     """Static switches of the recombination physics (hashable: used as a jit static argument).
 
-    fudge_H: F_H multiplying the Case-B rate. 1.14 goes with the double-Gaussian correction
-        (RECFAST >= 1.5); 1.125 is the older RECFAST 1.4 value without it.
-    gaussian_correction: apply the RECFAST 1.5 double-Gaussian factor to K_H.
+    fudge_H: F_H multiplying the Case-B rate; None (default) = RECFAST's pairing with
+        ``gaussian_correction``: 1.125 with the double-Gaussian K_H correction (RECFAST 1.5.2,
+        Rubino-Martin et al. 2010), 1.14 without it (RECFAST 1.4, Wong, Moss & Scott 2008).
+        Mixing 1.14 with the Gaussians recombines ~1.3% too fast in the freeze-out tail
+        (x_e 1.46% below HyRec at z = 200, against 0.2% with the pairing; docs/thermodynamics.md).
+        The resolved value is :attr:`fudge_H_value`.
+    gaussian_correction: apply the RECFAST 1.5.2 double-Gaussian factor to K_H.
     helium_sobolev / helium_continuum_opacity / helium_triplet: the RECFAST 1.5 He I refinements
         (Heflag = 6 in RECFAST 1.5 is all three on).
     photoionisation_at_radiation_temperature: evaluate the photoionisation rates beta at T_gamma
         (detailed balance with the radiation field, as HyRec does) instead of at T_b (RECFAST).
     """
 
-    fudge_H: float = 1.14
+    fudge_H: float | None = None
     gaussian_correction: bool = True
     helium_sobolev: bool = True
     helium_continuum_opacity: bool = True
     helium_triplet: bool = True
     photoionisation_at_radiation_temperature: bool = True
 
+    #: RECFAST 1.4 fudge factor (no K_H correction) and RECFAST 1.5.2's change with the correction on
+    FUDGE_H_RECFAST14 = 1.14
+    DELTA_FUDGE_H_GAUSSIAN = -0.015
+
+    @property
+    def fudge_H_value(self) -> float:
+        """F_H actually used: ``fudge_H`` if given, else RECFAST's pairing with ``gaussian_correction``."""
+        if self.fudge_H is not None:
+            return float(self.fudge_H)
+        return self.FUDGE_H_RECFAST14 + (self.DELTA_FUDGE_H_GAUSSIAN if self.gaussian_correction else 0.0)
+
     def __post_init__(self):
-        if not (1.0 <= self.fudge_H <= 1.3):
+        if self.fudge_H is not None and not (1.0 <= self.fudge_H <= 1.3):
             raise ValueError(f"fudge_H={self.fudge_H}: expected a RECFAST-like value in [1, 1.3]")
         if self.helium_continuum_opacity and not self.helium_sobolev:
             raise ValueError("helium_continuum_opacity=True needs helium_sobolev=True (RECFAST Heflag >= 2)")
@@ -280,8 +297,8 @@ def recombination_rhs(
     x_HeII = x_He - x3 / p.f_He  # singly ionised fraction of helium
 
     # ---- hydrogen (Peebles / RECFAST)
-    alpha_H = settings.fudge_H * alpha_H_caseB(T_b)
-    alpha_H_ph = settings.fudge_H * alpha_H_caseB(T_ph)
+    alpha_H = settings.fudge_H_value * alpha_H_caseB(T_b)
+    alpha_H_ph = settings.fudge_H_value * alpha_H_caseB(T_ph)
     beta_H = alpha_H_ph * (SAHA_CR * T_ph) ** 1.5 * jnp.exp(-T_H_2S_ION / T_ph)
     K_H = 1.0 / (L_H_ALPHA**3 * 8.0 * math.pi * H)
     if settings.gaussian_correction:

@@ -1,9 +1,13 @@
 """Thermodynamics against CLASS v3.4.1 (HyRec) reference tables in tests/data.
 
 The tolerances are the measured agreement of RECFAST-class physics with HyRec plus a margin
-(docs/thermodynamics.md): x_e is 1.45% low at z ~ 200 (the RECFAST vs HyRec freeze-out tail),
-< 1% above z = 450.
+(docs/thermodynamics.md): x_e within 0.38% of HyRec over 200 < z < 2000 for the main reference
+and within 0.52% for the two extra cosmologies of class_thermo_extra.csv (other omega_b,
+omega_cdm, h, Y_He, T_cmb; made by generate_thermo_extra.py), asserted at 0.6% / 0.8%; the
+issue's requirement is 1%.
 """
+import json
+
 from pathlib import Path
 
 import jax
@@ -56,12 +60,53 @@ def _rel(table, ref, name, refname):
 def test_free_electron_fraction_matches_hyrec(table, reference):
     z = reference["z"]
     rel = _rel(table, reference, "x_e", "x_e")
-    recomb = (z > 450) & (z < 2000)
-    tail = (z > 200) & (z <= 450)
-    assert np.abs(rel[recomb]).max() < 0.01
-    assert np.abs(rel[tail]).max() < 0.02
+    # measured 0.38% (z ~ 650); with F_H = 1.14 mispaired with the Gaussians it was 1.46% at z = 200
+    assert np.abs(rel[(z > 200) & (z < 2000)]).max() < 0.006
+    assert np.abs(rel[(z > 800) & (z < 1700)]).max() < 0.005     # CMB-relevant, measured 0.33%
     # He II -> He I, and He III Saha, region
     assert np.abs(rel[(z >= 2000) & (z < 1e4)]).max() < 0.003
+
+
+def _extra_cases():
+    path = DATA / "class_thermo_extra.csv"
+    with path.open() as f:
+        f.readline()
+        meta = json.loads(f.readline().lstrip("# "))
+    d = np.loadtxt(path, delimiter=",", comments="#")
+    return meta["cases"], d
+
+
+def test_free_electron_fraction_other_cosmologies():
+    """x_e against CLASS-HyRec for two cosmologies not used anywhere else (no tuning to them):
+    the recombination physics, not a fit to the main reference, gives the agreement."""
+    cases, d = _extra_cases()
+    compute = jax.jit(thermo.compute_thermodynamics)
+    for i, case in enumerate(cases):
+        inp, derived = case["class_input"], case["derived"]
+        cosmo = CosmoParams.make(**inp)
+        tab = compute(cosmo)
+        rows = d[:, 0] == i
+        z, x_ref, T_ref = d[rows, 1], d[rows, 2], d[rows, 3]
+        lna = jnp.asarray(-np.log1p(z))
+        rel = np.asarray(tab.interp("x_e", lna)) / x_ref - 1.0
+        # measured 0.30% (case 0) and 0.52% (case 1) over 200 < z < 2000; 0.11% above
+        assert np.abs(rel[(z > 200) & (z < 2000)]).max() < 0.008, i
+        assert np.abs(rel[(z >= 2000) & (z < 1e4)]).max() < 0.003, i
+        rel_T = np.asarray(tab.interp("T_b", lna)) / T_ref - 1.0
+        assert np.abs(rel_T[z < 2000]).max() < 0.003, i                 # measured 0.08%
+        # RECFAST vs HyRec in the derived redshifts: measured <= 0.21 (z_rec, case 0)
+        assert abs(float(tab.z_star) - derived["z_star"]) < 0.3, i
+        assert abs(float(tab.z_rec) - derived["z_rec"]) < 0.3, i
+        assert abs(float(tab.z_drag) - derived["z_d"]) < 0.3, i
+        assert abs(float(tab.tau_star) / derived["tau_star"] - 1) < 1e-3, i
+        assert abs(float(tab.z_reio) - derived["z_reio"]) < 0.02, i
+
+
+def test_fudge_factor_pairing():
+    """RECFAST 1.5.2: F_H = 1.14 - 0.015 with the Gaussian K_H correction, 1.14 without it."""
+    assert rec.RecombinationSettings().fudge_H_value == pytest.approx(1.125)
+    assert rec.RecombinationSettings(gaussian_correction=False).fudge_H_value == pytest.approx(1.14)
+    assert rec.RecombinationSettings(fudge_H=1.2).fudge_H_value == 1.2
 
 
 def test_opacity_is_a_ne_sigmaT_and_consistent(table, reference):
@@ -74,31 +119,32 @@ def test_opacity_is_a_ne_sigmaT_and_consistent(table, reference):
     np.testing.assert_allclose(np.exp(table.ln_kappa_dot), table.kappa_dot, rtol=1e-12)
     np.testing.assert_allclose(table.dln_kappa_dot * table.kappa_dot, table.dkappa_dot, rtol=1e-9)
     np.testing.assert_allclose(table.visibility, table.kappa_dot * table.exp_m_kappa, rtol=1e-12)
-    # visibility where it matters (g > 1e-3 max g) within 1.5%
+    # visibility where it matters (g > 1e-3 max g): measured 0.48%
     g_ref = reference["g"]
     big = g_ref > 1e-3 * g_ref.max()
     rel_g = _rel(table, reference, "visibility", "g")
-    assert np.abs(rel_g[big]).max() < 0.015
+    assert np.abs(rel_g[big]).max() < 0.01
     assert np.all(np.asarray(table.exp_m_kappa)[np.asarray(table.lna) < -np.log(3000.0)] < 1e-30)
 
 
 def test_baryon_temperature_and_sound_speed(table, reference):
     z = reference["z"]
     rel_T = _rel(table, reference, "T_b", "T_b")
-    assert np.abs(rel_T[z < 2000]).max() < 0.01
+    assert np.abs(rel_T[z < 2000]).max() < 0.003          # measured 0.07%
     assert np.abs(rel_T[z >= 2000]).max() < 1e-6       # tightly coupled: T_b = T_cmb (1+z)
     rel_c = _rel(table, reference, "cs2", "cs2")
     outside_reio = (z < 2000) & ~((z > 6) & (z < 10))
-    assert np.abs(rel_c[outside_reio]).max() < 0.02
-    assert np.abs(rel_c[(z > 6) & (z < 10)]).max() < 0.08  # steep x_e step: see the docs
+    assert np.abs(rel_c[outside_reio]).max() < 0.005       # measured 0.15%
+    assert np.abs(rel_c[(z > 6) & (z < 10)]).max() < 0.02  # steep x_e step, measured 0.64%: see the docs
 
 
 def test_derived_redshifts(table):
     _, _, derived = _class_inputs()
     assert abs(float(table.z_reio) - derived["z_reio"]) < 0.02
-    assert abs(float(table.z_star) - derived["z_star"]) < 0.5
-    assert abs(float(table.z_rec) - derived["z_rec"]) < 0.5
-    assert abs(float(table.z_drag) - derived["z_d"]) < 0.5
+    # measured -0.012, +0.008, -0.023 (RECFAST 1.5.2 physics vs HyRec)
+    assert abs(float(table.z_star) - derived["z_star"]) < 0.1
+    assert abs(float(table.z_rec) - derived["z_rec"]) < 0.1
+    assert abs(float(table.z_drag) - derived["z_d"]) < 0.1
     assert abs(float(table.tau_star) / derived["tau_star"] - 1) < 1e-3
     assert abs(float(table.tau_drag) / derived["tau_d"] - 1) < 1e-3
 
