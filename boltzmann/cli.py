@@ -15,7 +15,9 @@ What the CLI expects of `pipeline.run(config, *, backend, progress)`'s result (d
 ({A_s, n_s, k_pivot[, alpha_s]}) for the primordial amplitude; ``backend``; ``solver_stats`` (dict;
 a non-empty ``failed_k`` list of wavenumbers, optionally with ``failure_reasons``, marks failed
 modes); ``timings`` {stage: seconds}. ``--gradients`` is passed on as ``gradients=True`` only if
-`run` accepts a ``gradients`` keyword; the result's ``gradients`` (if any) goes into summary.json.
+`run` accepts a ``gradients`` keyword; the result's ``gradients`` (if any) goes into summary.json,
+and its ``gradient_tables`` (``boltzmann.gradients.PowerSpectrumFunction.dlnpk()``) into dpk.csv and
+dpk.png.
 """
 from __future__ import annotations
 
@@ -228,6 +230,16 @@ def _run(args, run: Callable | None, out_stream, err_stream) -> int:
                output.write_tk_csv(out_dir / output.TK_FILE, k, {z: _transfers_at(result, z) for z in zs}, zs,
                                    comments=comments)]
     timings["write"] = time.perf_counter() - t0
+
+    tables = getattr(result, "gradient_tables", None)
+    if tables is not None:
+        written.append(output.write_dpk_csv(out_dir / output.DPK_FILE, k, tables["dlnP_m"],
+                                            tables["dlnP_cb"], zs, tables["parameters"],
+                                            comments=comments))
+        if not args.no_plot:
+            written.append(out_dir / "dpk.png")
+            plots.plot_dpk(written[-1], k, tables["dlnP_m"], zs, tables["parameters"],
+                           title=f"{name}: exact derivatives")
 
     if not args.no_plot:
         t0 = time.perf_counter()

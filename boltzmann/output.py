@@ -14,6 +14,11 @@ tk.csv
     functions named ``<CLASS name>_z<z>`` (e.g. ``d_m_z0``, ``d_ncdm[0]_z0.5``, ``t_b_z1``), in
     CLASS 'class' normalisation (unit primordial curvature; d_* density contrasts, t_* velocity
     divergences theta in 1/Mpc, synchronous gauge).
+dpk.csv (only with ``--gradients``)
+    Same conventions; columns ``k_1/Mpc`` then, for each z in order and each parameter θ in the
+    order of ``boltzmann.gradients.PARAMETERS``, ``dlnP_m_z<z>/d<θ>`` = ∂ln P_m(k, z)/∂θ at fixed k
+    [1/Mpc] (θ in the config's units: h, omega_b, omega_cdm, ln10^{10}A_s, n_s, tau_reio,
+    m_ncdm [eV], N_ur, w0_fld, wa_fld), then the same for P_cb (``dlnP_cb_z<z>/d<θ>``).
 summary.json
     ``sigma8`` and ``sigma8_cb`` (dicts keyed by the same z strings; null where the k range did
     not allow it, with the reason in ``sigma8_problems``), ``z`` (the strings in
@@ -40,6 +45,9 @@ __all__ = [
     "write_summary_json",
     "read_pk_csv",
     "read_summary_json",
+    "write_dpk_csv",
+    "dpk_column_names",
+    "DPK_FILE",
     "PK_FILE",
     "TK_FILE",
     "SUMMARY_FILE",
@@ -48,6 +56,7 @@ __all__ = [
 PK_FILE = "pk.csv"
 TK_FILE = "tk.csv"
 SUMMARY_FILE = "summary.json"
+DPK_FILE = "dpk.csv"
 K_COLUMN = "k_1/Mpc"
 NUMBER_FORMAT = "%.9e"  # 10 significant digits
 
@@ -86,6 +95,29 @@ def tk_column_names(zs: Sequence[float], names_per_z: Mapping[float, Sequence[st
     for z in zs:
         cols += [f"{name}_z{z_label(z)}" for name in ordered_transfer_names(names_per_z[z])]
     return cols
+
+
+def dpk_column_names(zs: Sequence[float], parameters: Sequence[str]) -> list[str]:
+    """dpk.csv header: k, then dlnP_m per (z, θ), then dlnP_cb per (z, θ)."""
+    return [K_COLUMN] + [f"dlnP_{s}_z{z_label(z)}/d{p}" for s in ("m", "cb") for z in zs
+                         for p in parameters]
+
+
+def write_dpk_csv(path, k, dlnpk_m, dlnpk_cb, zs: Sequence[float], parameters: Sequence[str],
+                  comments: Sequence[str] = ()) -> Path:
+    """Write dpk.csv; ``dlnpk_m``/``dlnpk_cb`` have shape (n_z, n_k, n_θ)."""
+    _check_unique_labels(zs)
+    k = np.asarray(k, dtype=float)
+    dm, dcb = np.asarray(dlnpk_m, float), np.asarray(dlnpk_cb, float)
+    shape = (len(zs), k.size, len(parameters))
+    if dm.shape != shape or dcb.shape != shape:
+        raise ValueError(f"dlnpk arrays must have shape {shape}, got {dm.shape}, {dcb.shape}")
+    cols = [k] + [d[iz, :, ip] for d in (dm, dcb) for iz in range(len(zs))
+                  for ip in range(len(parameters))]
+    notes = [_produced_by(), "exact derivatives dlnP/dθ at fixed k (1/Mpc), forward sensitivities "
+             "through background, thermodynamics, initial conditions and perturbations", *comments]
+    _write_table(Path(path), dpk_column_names(zs, parameters), cols, notes)
+    return Path(path)
 
 
 def _check_unique_labels(zs: Sequence[float]) -> None:

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from models.eb import NcdmQuadrature, build_eb_model
-from models.initial_conditions import adiabatic_initial_conditions, initial_time
+from models.initial_conditions import (adiabatic_initial_conditions, initial_time,
+                                       radiation_matter)
 from models.tables import pack_table
 
 from . import background as bg
@@ -83,23 +84,37 @@ def build_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
                       (cols[name] for name in model.table_columns)])
 
 
-def mode_params(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> np.ndarray:
-    """Parameter rows (len(k), P) for the modes ``k`` [1/Mpc] of one cosmology."""
+def mode_param_rows(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> jnp.ndarray:
+    """Parameter rows (len(k), P) for the modes ``k`` [1/Mpc] of one cosmology, as a JAX array.
+
+    Traceable in the cosmological parameters (``cosmo`` may hold tracers): the densities, ncdm
+    normalisations and fluid parameters enter the rows by differentiable operations; ``k``, the
+    grid and ``cosmo_row`` are structure (concrete).
+    """
     rho = bg.rho_tilde(cosmo, jnp.asarray(1.0))
     values = dict(cosmo_row=float(cosmo_row), table_x_min=grid.x_min, table_dx=grid.dx,
-                  rho_g0=float(rho["g"]), rho_b0=float(rho["b"]), rho_cdm0=float(rho["cdm"]),
-                  rho_ur0=float(rho["ur"]))
+                  rho_g0=rho["g"], rho_b0=rho["b"], rho_cdm0=rho["cdm"], rho_ur0=rho["ur"])
     for s, quad in enumerate(model.ncdm):
-        m_over_t = float(cosmo.m_ncdm[s]) / (const.K_B_EV_PER_K * float(cosmo.T_ncdm0_K[s]))
-        eps_sum = float(np.sum(np.asarray(quad.weights)
-                               * np.sqrt(np.asarray(quad.q) ** 2 + m_over_t ** 2)))
-        values[f"ncdm_norm_{s}"] = float(rho["ncdm"][s]) / eps_sum
+        m_over_t = jnp.asarray(cosmo.m_ncdm)[s] / (const.K_B_EV_PER_K * cosmo.T_ncdm0_K[s])
+        eps_sum = jnp.sum(jnp.asarray(quad.weights) * jnp.sqrt(jnp.asarray(quad.q) ** 2
+                                                              + m_over_t ** 2))
+        values[f"ncdm_norm_{s}"] = rho["ncdm"][s] / eps_sum
         values[f"ncdm_m_over_T_{s}"] = m_over_t
     if model.de_fluid:
-        values.update(rho_de0=float(rho["fld"]), w0=float(cosmo.w0_fld), wa=float(cosmo.wa_fld),
-                      cs2_de=1.0)
-    rows = [model.make_params(k=float(kk), **values) for kk in np.asarray(k)]
-    return np.stack(rows)
+        values.update(rho_de0=rho["fld"], w0=cosmo.w0_fld, wa=cosmo.wa_fld, cs2_de=1.0)
+    k = np.asarray(k, dtype=np.float64)
+    missing = [n for n in model.param_names if n != "k" and n not in values]
+    if missing:
+        raise ValueError(f"mode_param_rows: no value for model parameter(s) {missing}")
+    cols = [jnp.asarray(k) if name == "k"
+            else jnp.broadcast_to(jnp.asarray(values[name], jnp.float64), k.shape)
+            for name in model.param_names]
+    return jnp.stack(cols, axis=1)
+
+
+def mode_params(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> np.ndarray:
+    """Parameter rows (len(k), P) for the modes ``k`` [1/Mpc] of one cosmology (numpy)."""
+    return np.asarray(mode_param_rows(model, cosmo, k, grid, cosmo_row))
 
 
 def initial_states(model, params: np.ndarray, k_tau_ini: float, omega_tau_ini: float):
@@ -109,6 +124,22 @@ def initial_states(model, params: np.ndarray, k_tau_ini: float, omega_tau_ini: f
         return jnp.log(a), adiabatic_initial_conditions(model, p, tau, a)
     x0, y0 = jax.jit(jax.vmap(one))(jnp.asarray(params))
     return np.asarray(x0), np.asarray(y0)
+
+
+def initial_states_at(model, params, x0):
+    """y0 (N, n) of the adiabatic growing mode at given start times x0 = ln a (N,), traceable.
+
+    For derivatives: the start time is a numerical choice (the solution at later times does not
+    depend on it beyond the series' truncation error), so it is held fixed while the parameters
+    move, and the conformal time follows from a = sqrt(rho_r0) tau + rho_m0 tau^2 / 4, inverted in
+    the cancellation-free form tau = 2 a / (sqrt(rho_r0) + sqrt(rho_r0 + rho_m0 a)).
+    """
+    def one(p, x):
+        rho_r0, rho_m0 = radiation_matter(model, p)
+        a = jnp.exp(x)
+        tau = 2.0 * a / (jnp.sqrt(rho_r0) + jnp.sqrt(rho_r0 + rho_m0 * a))
+        return adiabatic_initial_conditions(model, p, tau, a)
+    return jax.vmap(one)(jnp.asarray(params), jnp.asarray(x0))
 
 
 #: state-name prefixes left out of step-size control: every free-streaming hierarchy

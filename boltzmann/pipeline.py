@@ -33,14 +33,23 @@ class PipelineResult:
     solver_stats: dict
     timings: dict
     derived: dict = field(default_factory=dict)
+    #: with gradients=True: JSON-able summary (parameters, fiducial θ, ∂ln σ8/∂θ, wall time)
+    gradients: dict | None = None
+    #: with gradients=True: boltzmann.gradients.PowerSpectrumFunction.dlnpk()'s arrays
+    gradient_tables: dict | None = None
 
 
 def _noop(stage, done, total):
     pass
 
 
-def run(config, *, backend: str = "auto", progress=None) -> PipelineResult:
-    """Compute transfer functions for ``config`` (a ``boltzmann.params.Config``)."""
+def run(config, *, backend: str = "auto", progress=None, gradients: bool = False) -> PipelineResult:
+    """Compute transfer functions for ``config`` (a ``boltzmann.params.Config``).
+
+    ``gradients=True`` also computes ∂ln P/∂θ and ∂ln σ8/∂θ for ``boltzmann.gradients.PARAMETERS``
+    (m_ncdm only when the cosmology has massive species) on the same k grid and redshifts, by
+    forward sensitivities on the JAX backend (the CUDA backend has no sensitivities yet).
+    """
     progress = progress or _noop
     cosmo = config.cosmology
     prec = config.precision
@@ -120,6 +129,31 @@ def run(config, *, backend: str = "auto", progress=None) -> PipelineResult:
     resolved = cosmo.resolved()
     derived = {"z_reio": float(thermo.z_reio), "z_rec": float(thermo.z_rec),
                "z_star": float(thermo.z_star), "z_drag": float(thermo.z_drag)}
+    grad_summary = grad_tables = None
+    if gradients:
+        from .gradients import PARAMETERS, PowerSpectrumFunction
+
+        t0 = time.perf_counter()
+        names = [p for p in PARAMETERS if p != "m_ncdm" or cosmo.n_ncdm > 0]
+        progress("gradients", 0, 1)
+        fn = PowerSpectrumFunction(config, parameters=names, k=k, z=zs)
+        grad_tables = fn.dlnpk()
+        progress("gradients", 1, 1)
+        timings["gradients"] = time.perf_counter() - t0
+        grad_summary = {
+            "parameters": list(names),
+            "fiducial": {n: float(v) for n, v in zip(names, grad_tables["theta"])},
+            "backend": "jax (forward sensitivities)",
+            "smooth_dark_energy_at_lambda": bool(fn.smooth_dark_energy),
+            "seconds": float(timings["gradients"]),
+        }
+        if "dlnsigma8" in grad_tables:
+            grad_summary["dlnsigma8"] = {
+                f"{z:g}": {n: float(v) for n, v in zip(names, grad_tables["dlnsigma8"][iz])}
+                for iz, z in enumerate(zs)}
+            grad_summary["dlnsigma8_cb"] = {
+                f"{z:g}": {n: float(v) for n, v in zip(names, grad_tables["dlnsigma8_cb"][iz])}
+                for iz, z in enumerate(zs)}
     return PipelineResult(k=k, z=zs, transfers=transfers, cosmology=resolved,
                           backend=used_backend, solver_stats=stats, timings=timings,
-                          derived=derived)
+                          derived=derived, gradients=grad_summary, gradient_tables=grad_tables)

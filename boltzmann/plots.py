@@ -20,7 +20,7 @@ from scipy.interpolate import CubicSpline  # noqa: E402
 
 from boltzmann.output import read_pk_csv, z_label  # noqa: E402
 
-__all__ = ["plot_pk", "ratio_to_reference"]
+__all__ = ["plot_pk", "plot_dpk", "ratio_to_reference"]
 
 GUIDE_LEVEL = 1e-3
 RATIO_UNIT = 1e-3  # the ratio panel's y axis is in units of 1e-3 (its line data too)
@@ -117,3 +117,37 @@ def _z_from_label(label: str, zs: Sequence[float]) -> float:
         if z_label(z) == label:
             return z
     raise KeyError(label)
+
+
+def plot_dpk(path, k, dlnpk, zs: Sequence[float], parameters: Sequence[str], title: str | None = None):
+    """dpk.png: ∂ln P_m/∂θ against k, one panel per parameter, one line per z.
+
+    ``dlnpk`` has shape (n_z, n_k, n_θ). Returns the (closed) Figure.
+    """
+    k = np.asarray(k, dtype=float)
+    d = np.asarray(dlnpk, dtype=float)
+    n = len(parameters)
+    ncol = min(n, 5)
+    nrow = (n + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 2.6 * nrow), squeeze=False,
+                             sharex=True)
+    for ip, name in enumerate(parameters):
+        ax = axes[ip // ncol][ip % ncol]
+        for iz, z in enumerate(zs):
+            ax.semilogx(k, d[iz, :, ip], label=f"z = {z_label(z)}")
+        ax.axhline(0.0, color="0.7", lw=0.5)
+        ax.set_title(f"dlnP_m/d{name}", fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ip in range(n, nrow * ncol):
+        axes[ip // ncol][ip % ncol].axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("k [1/Mpc]", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig

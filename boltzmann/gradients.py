@@ -1,0 +1,249 @@
+"""P(k, z), sigma8 and transfer functions as differentiable JAX functions of the cosmological
+parameters, and their exact Jacobian by forward sensitivities (issue 5, DESIGN §8).
+
+The derivative is of the whole computation, not of the perturbation solve alone::
+
+    θ → CosmoParams → background H(a), τ(a)  ┐
+                    → thermodynamics κ', c_s² (recombination, z_reio from tau_reio) ┘→ table
+                    → per-mode parameter rows (densities, ncdm normalisation, fluid w0, wa)
+                    → adiabatic initial states
+                    → solve_diff (joint [y, S] solve under differentiation) → transfers → P, σ8
+
+Every arrow is JAX; ``solver.sensitivity.solve_diff`` supplies the tangent of the solve with
+respect to the initial states, the parameter rows and the table (its tangent enters the joint
+RHS linearly).  ``jax.jacfwd`` over θ therefore asks the solver for exactly len(θ) sensitivity
+directions in one joint solve per k-chunk.
+
+What is held fixed (not differentiated), and why:
+* the k grid in 1/Mpc (P in Mpc³): ∂/∂h is at fixed k [1/Mpc], as in CLASS's FD with k in 1/Mpc;
+* the start time x_ini = ln a_ini of each mode, fixed at its fiducial value: it is a numerical
+  choice (the growing-mode series is accurate to ~1e-8 there), and the state's dependence on θ at
+  that fixed time is carried by the initial conditions (``perturbations.initial_states_at``);
+* YHe, T_cmb, k_pivot, T_ncdm, deg_ncdm (inputs, but not in the parameter list below).
+
+Parameters (``PARAMETERS``; names as in the config): h, omega_b, omega_cdm, ln10^{10}A_s (or
+A_s), n_s, tau_reio, m_ncdm (all massive species together: each m_i moves by the same amount;
+``m_ncdm[i]`` for one species), N_ur, w0_fld, wa_fld.
+
+Dark energy at the Λ point.  Asking for w0_fld/wa_fld in a Λ config switches the *background* to
+the w0–wa fluid at w0 = −1, wa = 0 (identical expansion to Λ) but keeps dark energy smooth (no
+perturbation variables).  Reason: the c_s² = 1 fluid's perturbations are not differentiable at
+Λ.  With δ = (1+w) δ̃ the fluid equations are regular except for the coefficient
+w'/(1+w) = −wa a ℋ / (1 + w0 + wa(1−a)), whose limit at (−1, 0) depends on the direction: 0 along
+w0, −aℋ/(1−a) along wa.  The fluid's contribution to the metric is then not linear in the
+direction (θ̇_w0, θ̇_wa), so only partial derivatives exist, and a forward-sensitivity (linear)
+tangent is undefined there.  The perturbations of a c_s² = 1 fluid matter only near the horizon
+(k ≲ 1e-3/Mpc) and vanish at Λ, so smooth dark energy is the natural linearisation; PPF
+(Fang, Hu & Lewis 2008), which is smooth across w = −1, would be the complete answer and is not
+implemented.  In a config that already has a fluid (w ≠ −1) the fluid model with its
+perturbations is differentiated as is.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from solver.sensitivity import solve_diff
+
+from . import perturbations as pt
+from . import spectra
+from .params import ConfigError, CosmoParams
+from .thermodynamics import compute_thermodynamics
+
+__all__ = ["PARAMETERS", "PowerSpectrumFunction"]
+
+#: the issue's parameter list, in this order (config names)
+PARAMETERS = ("h", "omega_b", "omega_cdm", "ln10^{10}A_s", "n_s", "tau_reio", "m_ncdm", "N_ur",
+              "w0_fld", "wa_fld")
+
+_SCALARS = ("h", "omega_b", "omega_cdm", "A_s", "n_s", "tau_reio", "N_ur", "w0_fld", "wa_fld",
+            "YHe", "T_cmb", "k_pivot")
+
+
+def _parse_name(name: str):
+    """('scalar', leaf) | ('ln10As', None) | ('m_all', None) | ('m_one', i)."""
+    if name == "ln10^{10}A_s":
+        return "ln10As", None
+    if name == "m_ncdm":
+        return "m_all", None
+    if name.startswith("m_ncdm[") and name.endswith("]"):
+        try:
+            return "m_one", int(name[7:-1])
+        except ValueError:
+            pass
+    if name in _SCALARS:
+        return "scalar", name
+    raise ConfigError(f"gradients: unknown parameter {name!r}; allowed: {', '.join(PARAMETERS)}, "
+                      "A_s, m_ncdm[i], YHe, T_cmb")
+
+
+class PowerSpectrumFunction:
+    """θ ↦ {P_m, P_cb (n_z, n_k) [Mpc³], sigma8, sigma8_cb (n_z,), d_m (n_z, n_k)} for one config.
+
+    ``f = PowerSpectrumFunction(config)``; ``f.theta0`` is the fiducial vector (order
+    ``f.parameters``); ``f(theta)`` evaluates (jit-able, differentiable); ``f.jacobian(theta)``
+    returns values and ∂(output)/∂θ by one forward-mode sweep (``jax.jacfwd``: one joint solve
+    with len(θ) directions per k-chunk); ``f.dlnpk(theta)`` the ∂ln P_m/∂θ table the CLI writes.
+
+    Options: ``parameters`` (subset/order of PARAMETERS and the extra names ``_parse_name`` takes),
+    ``k`` [1/Mpc] and ``z`` override the config's output grid, ``rtol`` overrides the precision's,
+    ``n_chunks`` splits the modes (sorted by k) into that many solves,
+    ``sensitivity_error_control`` is passed to ``solve_diff`` (docs/gradients.md).
+    """
+
+    def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
+                 rtol: float | None = None, atol: float | None = None, n_chunks: int = 4,
+                 sensitivity_error_control: bool = True, with_sigma8: bool = True):
+        self.config = config
+        self.parameters = tuple(parameters)
+        if len(set(self.parameters)) != len(self.parameters):
+            raise ConfigError(f"gradients: repeated parameter names in {self.parameters}")
+        parsed = [_parse_name(p) for p in self.parameters]
+        cosmo = config.cosmology
+        if any(p[0] in ("m_all", "m_one") for p in parsed) and cosmo.n_ncdm == 0:
+            raise ConfigError("gradients: m_ncdm requested but the cosmology has no massive "
+                              "neutrino species (set cosmology.m_ncdm, or drop m_ncdm from the "
+                              "parameter list)")
+        for kind, i in parsed:
+            if kind == "m_one" and not 0 <= i < cosmo.n_ncdm:
+                raise ConfigError(f"gradients: m_ncdm[{i}] out of range; the cosmology has "
+                                  f"{cosmo.n_ncdm} massive species")
+        prec = config.precision
+        # the perturbation model follows the config: a Λ config keeps smooth dark energy even when
+        # w0/wa derivatives switch the background to the fluid (module docstring)
+        self.model = pt.build_model(cosmo, prec)
+        if any(p[1] in ("w0_fld", "wa_fld") for p in parsed) and not cosmo.use_fld:
+            cosmo = dataclasses.replace(cosmo, w0_fld=-1.0, wa_fld=0.0, use_fld=True)
+        self.cosmo0 = cosmo
+        self.smooth_dark_energy = bool(cosmo.use_fld and not self.model.de_fluid)
+        self._parsed = parsed
+        self.rtol = float(prec.rtol if rtol is None else rtol)
+        self.atol = float(prec.atol if atol is None else atol)
+        self.grid = pt.make_grid(prec)
+        self.k = np.asarray(config.output.k_grid(float(cosmo.h)) if k is None else k, np.float64)
+        if self.k.ndim != 1 or self.k.size == 0 or np.any(self.k <= 0):
+            raise ValueError(f"k must be a 1-d array of positive wavenumbers [1/Mpc], got shape "
+                             f"{self.k.shape}")
+        self.z = [float(v) for v in (config.output.z if z is None else z)]
+        self.x_save = np.sort(-np.log1p(np.asarray(self.z)))
+        self.weights = pt.error_weights(self.model)
+        self.with_sigma8 = bool(with_sigma8) and self.k.size >= 5
+        # fixed start times from the fiducial cosmology (see module docstring)
+        rows0 = pt.mode_params(self.model, cosmo, self.k, self.grid)
+        self.x0, _ = pt.initial_states(self.model, rows0, prec.k_tau_ini, prec.omega_tau_ini)
+        if np.any(self.x0 < self.grid.x_min):
+            raise ValueError(f"precision.bg_a_min = {prec.bg_a_min:g} is above the initial scale "
+                             f"factor of the largest k; lower it")
+        if np.any(self.x0[:, None] > self.x_save[None, :]):
+            raise ValueError("a requested redshift lies before the perturbations start")
+        order = np.argsort(self.k)
+        n_chunks = max(1, min(int(n_chunks), self.k.size))
+        size = int(math.ceil(self.k.size / n_chunks))
+        self._chunks = [order[c:c + size] for c in range(0, self.k.size, size)]
+        self.theta0 = jnp.asarray([self._fiducial_value(kind, leaf)
+                                   for kind, leaf in parsed], jnp.float64)
+        self._jit_value = jax.jit(self._evaluate)
+        self._jit_jac = jax.jit(jax.jacfwd(self._evaluate))
+
+    # -- θ <-> CosmoParams
+    def _fiducial_value(self, kind, leaf):
+        c = self.cosmo0
+        if kind == "ln10As":
+            return float(c.ln10_10_A_s)
+        if kind == "m_all":
+            return float(np.mean(np.asarray(c.m_ncdm)))
+        if kind == "m_one":
+            return float(np.asarray(c.m_ncdm)[leaf])
+        return float(getattr(c, leaf))
+
+    def cosmology(self, theta) -> CosmoParams:
+        """The CosmoParams at θ (leaves may be tracers)."""
+        c = self.cosmo0
+        theta = jnp.asarray(theta)
+        updates = {}
+        m = jnp.asarray(c.m_ncdm, jnp.float64)
+        for j, (kind, leaf) in enumerate(self._parsed):
+            if kind == "ln10As":
+                updates["A_s"] = 1e-10 * jnp.exp(theta[j])
+            elif kind == "m_all":
+                m = m + (theta[j] - float(np.mean(np.asarray(c.m_ncdm))))
+            elif kind == "m_one":
+                m = m.at[leaf].add(theta[j] - float(np.asarray(c.m_ncdm)[leaf]))
+            else:
+                updates[leaf] = theta[j]
+        if any(kind in ("m_all", "m_one") for kind, _ in self._parsed):
+            updates["m_ncdm"] = m
+        return dataclasses.replace(c, **updates)
+
+    # -- the computation
+    def _evaluate(self, theta):
+        cosmo = self.cosmology(theta)
+        model, grid = self.model, self.grid
+        thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes)
+        table = pt.build_table(cosmo, thermo, grid, model)[None]
+        rows = pt.mode_param_rows(model, cosmo, self.k, grid)
+        y0 = pt.initial_states_at(model, rows, self.x0)
+        ys = jnp.zeros((self.k.size, self.x_save.size, model.n))
+        for idx in self._chunks:
+            ys_c = solve_diff(model.rhs, y0[idx], self.x_save, rows[idx], args=table,
+                              t0=self.x0[idx], rtol=self.rtol, atol=self.atol,
+                              error_weights=self.weights, max_steps=200_000)
+            ys = ys.at[idx].set(ys_c)
+        obs = jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
+                       in_axes=(0, None, 0, None))(ys, jnp.asarray(self.x_save), rows, table)
+        # x_save ascending = z descending; report in the order of self.z
+        iz = [int(np.argmin(np.abs(np.expm1(-self.x_save) - z))) for z in self.z]
+        d_m = obs["d_m"][:, iz].T
+        d_cb = obs["d_cb"][:, iz].T if "d_cb" in obs else \
+            spectra.cb_transfer(obs["d_cdm"][:, iz].T, obs["d_b"][:, iz].T, cosmo.omega_cdm,
+                                cosmo.omega_b)
+        pk_m = spectra.power_from_transfer(self.k, d_m, cosmo.A_s, cosmo.n_s, cosmo.k_pivot)
+        pk_cb = spectra.power_from_transfer(self.k, d_cb, cosmo.A_s, cosmo.n_s, cosmo.k_pivot)
+        out = {"P_m": pk_m, "P_cb": pk_cb, "d_m": d_m}
+        if self.with_sigma8:
+            out["sigma8"] = jnp.stack([spectra.sigma8(self.k, pk_m[i], cosmo.h,
+                                                      check_coverage=False)
+                                       for i in range(len(self.z))])
+            out["sigma8_cb"] = jnp.stack([spectra.sigma8(self.k, pk_cb[i], cosmo.h,
+                                                         check_coverage=False)
+                                          for i in range(len(self.z))])
+        return out
+
+    def __call__(self, theta=None) -> dict:
+        """Outputs at θ (default: the fiducial); NaN where a mode failed (see ``check``)."""
+        return self._jit_value(self.theta0 if theta is None else jnp.asarray(theta, jnp.float64))
+
+    def jacobian(self, theta=None) -> tuple[dict, dict]:
+        """(values, jac): jac[name] has the output's shape + (len(θ),)."""
+        theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
+        return self._jit_value(theta), self._jit_jac(theta)
+
+    def dlnpk(self, theta=None) -> dict:
+        """Values and ∂ln P_m/∂θ, ∂ln P_cb/∂θ (n_z, n_k, n_θ), ∂ln σ8/∂θ (n_z, n_θ), with wall
+        times; raises RuntimeError naming the wavenumbers where the solve failed."""
+        t0 = time.perf_counter()
+        val, jac = self.jacobian(theta)
+        val = {k: np.asarray(v) for k, v in val.items()}
+        jac = {k: np.asarray(v) for k, v in jac.items()}
+        wall = time.perf_counter() - t0
+        bad = ~np.all(np.isfinite(jac["P_m"]), axis=(0, 2)) | ~np.all(np.isfinite(val["P_m"]),
+                                                                      axis=0)
+        if np.any(bad):
+            raise RuntimeError("gradients: the sensitivity solve failed (non-finite) at k = "
+                               + ", ".join(f"{k:.4g}" for k in self.k[bad]) + " 1/Mpc")
+        out = {"k": self.k, "z": self.z, "parameters": self.parameters,
+               "theta": np.asarray(self.theta0 if theta is None else theta), "P_m": val["P_m"],
+               "P_cb": val["P_cb"],
+               "dlnP_m": jac["P_m"] / val["P_m"][..., None],
+               "dlnP_cb": jac["P_cb"] / val["P_cb"][..., None], "seconds": wall}
+        if "sigma8" in val:
+            out["sigma8"] = val["sigma8"]
+            out["dlnsigma8"] = jac["sigma8"] / val["sigma8"][:, None]
+            out["dlnsigma8_cb"] = jac["sigma8_cb"] / val["sigma8_cb"][:, None]
+        return out
