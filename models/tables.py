@@ -15,11 +15,17 @@ source can run under JAX (``JAX_TABLE_OPS``), plain Python/numba (``PY_TABLE_OPS
 * ``row(value) -> int``: the cosmology row index, stored as a float in the parameter vector.
 
 The Hermite basis itself is emitted inline by the generator (pure arithmetic), see ``hermite``.
+
+:class:`TableSplit` is the protocol by which an RHS that reads tables tells a solver how to keep the
+table reads out of what it differentiates (the CUDA backend needs it: Enzyme's CUDA ``jvp`` takes
+scalars and tuples only, not arrays).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -88,3 +94,44 @@ def pack_table(columns: dict, column_order, dtype=np.float64) -> np.ndarray:
         value, deriv = columns[name]
         blocks.append(np.stack([np.asarray(value, dtype), np.asarray(deriv, dtype)]))
     return np.stack(blocks)
+
+
+@dataclass(frozen=True)
+class TableSplit:
+    """An RHS ``rhs(y, t, p, tab)`` that reads tables, split into a table-free core and a lookup.
+
+    Contract (what a solver may rely on; it knows nothing else about the model):
+
+    * ``rhs(y, t, p, tab) == core(y, t, p, lookup(t, p, tab))`` for every input (same arithmetic,
+      so equal to rounding);
+    * ``lookup(t, p, tab)`` returns a tuple of ``n_tv`` scalars (the interpolated table quantities,
+      ``names``) that depend on ``t`` and ``p`` only, never on ``y``;
+    * ``lookup_dt(t, p, tab)`` is its exact derivative d/dt (closed form), so that
+      df/dt = ∂core/∂t + ∂core/∂tv · lookup_dt (the chain rule through the table);
+    * ``core(y, t, p, tv)`` returns a tuple of n scalars and indexes ``y``, ``p`` and ``tv`` with
+      integer literals only (the RHS form of DESIGN §3).
+
+    Two compilations of the same generated lines (they differ only in how the cell index is
+    computed) are provided: ``core``/``lookup``/``lookup_dt`` trace under JAX (``M`` = jax.numpy);
+    ``core_device``/``lookup_device``/``lookup_dt_device`` use only ``math`` and builtins on
+    Python/numba scalars (``tab`` indexed with a Python int, the cell index clipped to the grid as
+    :func:`_cell_py` does), so a numba(-cuda) device compiler accepts them unchanged and a CPU
+    emulator runs them as plain Python.  ``device_source`` is their text.  The model attaches the
+    split to its rhs function as ``rhs.table_split`` (a wrapper of the rhs, e.g. ``jax.jit(rhs)``,
+    does not carry it).
+    """
+
+    n_tv: int
+    names: tuple
+    core: Callable = field(repr=False)
+    lookup: Callable = field(repr=False)
+    lookup_dt: Callable = field(repr=False)
+    core_device: Callable = field(repr=False)
+    lookup_device: Callable = field(repr=False)
+    lookup_dt_device: Callable = field(repr=False)
+    device_source: str = field(repr=False, default="")
+
+    def __post_init__(self):
+        if int(self.n_tv) != self.n_tv or self.n_tv < 1 or len(self.names) != self.n_tv:
+            raise ValueError(f"TableSplit: n_tv must be a positive int equal to len(names), got "
+                             f"{self.n_tv!r} and {len(self.names)} names")

@@ -15,10 +15,44 @@ The same generated kernel text can also be run by :func:`solve_emulated` on a CP
 arrays for the local arrays and ``jax.jvp`` for the Enzyme sweeps: slow, but it checks every line
 of the kernel's logic where no GPU exists (tests/test_cuda_backend.py).
 
-First version: a plain numba launch on device arrays (no XLA FFI custom call yet), stiff problems
-without ``args``.  Enzyme's CUDA ``jvp`` accepts only scalar/tuple inputs, so the table ``args`` of
-the EB model need the interpolated table values passed to the RHS as scalars (see the report in
-issue 4); the kernel already threads an ``args`` device array through to ``f_eval``/``jac_eval``.
+Tables (``args``): Enzyme's CUDA ``jvp`` accepts scalars and homogeneous tuples only, never an
+array, so an RHS ``rhs(y, t, p, args)`` that reads tables must say how to keep the reads out of the
+differentiated function.  It does so with the attribute ``rhs.table_split`` (protocol:
+:class:`models.tables.TableSplit`, duck-typed here -- the solver knows nothing about what the
+tables hold):
+
+* ``n_tv``: number of table values; ``core_device(y, t, p, tv)``: the RHS given the tuple ``tv``
+  (math-module scalars, literal indices; compiled as the device primal and differentiated);
+* ``lookup_device(t, p, args)`` / ``lookup_dt_device(t, p, args)``: ``tv`` and d tv/dt from the
+  args array (plain device functions, outside Enzyme, cell index clipped to the grid);
+* ``core`` / ``lookup``: the JAX flavours of the same text (the CPU emulator's ``jax.jvp``);
+* contract ``rhs(y, t, p, args) == core(y, t, p, lookup(t, p, args))`` (checked once per plan at
+  the first trajectory's initial point) and tv independent of y.
+
+The colour sweeps then hold tv fixed (seed 0) and the ∂f/∂t sweep seeds ``tv`` with d tv/dt: the
+chain rule through the table.  ``args`` goes to the kernel as one C-contiguous float64 device
+array (for the EB model: (n_cosmo, n_columns, 2, n_grid)); without args the kernel gets a (1,)
+dummy.  ``args`` without ``rhs.table_split`` is a ``TypeError`` saying what is missing.  The JAX
+backend ignores the split and keeps calling ``rhs(y, t, p, args)``.
+
+Not done yet: the XLA FFI launch (a plain numba launch on device arrays here), a table-driven LU
+for patterns too large for straight-line code.
+
+Register / local-memory budget (the EB model, lcdm.yaml defaults: n = 217 with the massive
+neutrino at n_q = 5, l_max_ncdm = 24; 986 LU slots; 22 colours + 1 time sweep = 3 jvp calls of
+<= 8 directions): per thread the kernel's local arrays are 14 n (y, y1, yi, fi, f0, dfdt, 8 stage
+vectors) + 3 nslots (jv, w, lu) doubles = 47 KB, plus the jvp tangents (8 n per call, 42 KB over
+the three calls unless the compiler reuses them) and the literal seed vectors (22 n, 38 KB,
+constant-folded only if nvJitLink inlines the derivative as numba-enzyme-cuda intends).  That is
+under CUDA's 512 KiB local-memory limit per thread but far beyond the 255 registers, so the state
+lives in (L1/L2-cached) local memory; measured on the device: ``info["local_mem_per_thread"]``.
+numba-cuda-mlir 0.5.4 sets no size limit of its own on ``cuda.local.array`` (a static-shape
+``memref.alloca``; lowering/cuda.py); its ``max_registers`` jit option is the register cap
+(not used yet).  The driver reserves local memory for every thread that could be resident
+(bytes/thread × 2048 × 132 SMs on an H200: ~35 GB at 130 KB), on top of what JAX preallocates
+(75% of the GPU by default) -- run JAX and this backend side by side with
+XLA_PYTHON_CLIENT_PREALLOCATE=false (or a lower XLA_PYTHON_CLIENT_MEM_FRACTION) if a launch fails
+for memory.
 """
 from __future__ import annotations
 
@@ -33,10 +67,12 @@ from pathlib import Path
 import numpy as np
 
 from .controller import PIDController
+from .cuda_codegen import MAX_DIRECTIONS
 from .status import Status
 from .tableau import RODAS5P
 
-__all__ = ["solve", "solve_emulated", "CudaBackendUnavailable", "build_plan", "THREADS_PER_BLOCK"]
+__all__ = ["solve", "solve_emulated", "jacobian_emulated", "CudaBackendUnavailable", "build_plan",
+           "table_split_of", "THREADS_PER_BLOCK"]
 
 THREADS_PER_BLOCK = 32
 
@@ -82,6 +118,61 @@ def _prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps
                 n_weighted=float(max(int(np.sum(w > 0)), 1)), N=N, n=n, P=params.shape[1])
 
 
+_SPLIT_ATTRS = ("n_tv", "core", "lookup", "core_device", "lookup_device", "lookup_dt_device")
+
+
+def table_split_of(rhs, args):
+    """``rhs.table_split`` when ``args`` is given (checked), None without args.
+
+    Raises TypeError when ``args`` is given and the RHS lacks the protocol (what it must provide is
+    in the message), or when ``args`` is not one numeric array.
+    """
+    if args is None:
+        return None
+    split = getattr(rhs, "table_split", None)
+    missing = [a for a in _SPLIT_ATTRS if not hasattr(split, a)] if split is not None else None
+    if split is None or missing:
+        what = "has no attribute 'table_split'" if split is None else \
+            f"has a table_split lacking {missing}"
+        raise TypeError(
+            f"backend='cuda' with args: the rhs {getattr(rhs, '__name__', rhs)!r} {what}. "
+            "Enzyme's CUDA jvp cannot take an array, so an RHS that reads tables must provide "
+            "rhs.table_split (models.tables.TableSplit): n_tv; core_device(y, t, p, tv) -> tuple "
+            "of n (the RHS given the n_tv interpolated table values tv as a tuple of scalars); "
+            "lookup_device(t, p, args) -> tv and lookup_dt_device(t, p, args) -> d tv/dt (plain "
+            "device functions); core / lookup, their JAX flavours; with rhs(y, t, p, args) == "
+            "core(y, t, p, lookup(t, p, args)). Use backend='jax' for other RHS with args.")
+    a = np.asarray(args)
+    if a.dtype == object or not np.issubdtype(a.dtype, np.number) or a.ndim == 0:
+        raise TypeError("backend='cuda': args must be one numeric array (the tables), got "
+                        f"{type(args).__name__}")
+    return split
+
+
+def _args_array(args):
+    return np.ascontiguousarray(np.asarray(args, dtype=np.float64))
+
+
+def _check_split(rhs, split, y, t, p, args):
+    """The split must reproduce the rhs (one point; a wrong split would silently change the
+    physics on the GPU).  Compares the device flavour with the JAX rhs."""
+    import jax.numpy as jnp
+
+    P = int(p.shape[0])
+    ref = np.array([float(v) for v in rhs(jnp.asarray(y), jnp.asarray(t), jnp.asarray(p),
+                                          jnp.asarray(args))])
+    a = _args_array(args)
+    pt = np.ascontiguousarray(p, dtype=np.float64)
+    got = np.array(split.core_device(tuple(float(v) for v in y), float(t),
+                                     tuple(float(v) for v in p[:P]),
+                                     split.lookup_device(float(t), pt, a)), dtype=np.float64)
+    scale = max(float(np.abs(ref).max()), 1e-300)
+    if got.shape != ref.shape or not np.all(np.abs(got - ref) <= 1e-10 * scale):
+        bad = np.argmax(np.abs(got - ref)) if got.shape == ref.shape else None
+        raise ValueError(f"rhs.table_split does not reproduce rhs at t = {t}: component {bad} "
+                         f"differs ({got.shape} vs {ref.shape} values)")
+
+
 # --------------------------------------------------------------------------- the per-RHS plan
 class _Plan:
     """Structure, LU, colouring, kernel source and (lazily) the compiled kernel for one RHS."""
@@ -94,6 +185,8 @@ class _Plan:
 
         t_start = time.perf_counter()
         self.rhs, self.n, self.n_params, self.has_args = rhs, n, n_params, has_args
+        self.split = table_split_of(rhs, args_example) if has_args else None
+        self.split_checked = False
         if sparsity is None:
             from .sparsity import detect_sparsity
             pattern = detect_sparsity(rhs, n, n_params, args=args_example) if has_args else \
@@ -111,7 +204,8 @@ class _Plan:
                 "kernel has no table-driven LU yet")
         self.jac_plan = build_jacobian_plan(pattern, self.linear)
         self.spec = build_spec(n, max(n_params, 1), has_args, max_steps, self.linear,
-                               self.jac_plan, tab, ctrl)
+                               self.jac_plan, tab, ctrl,
+                               n_tv=int(self.split.n_tv) if self.split is not None else 0)
         self.source = generate_kernel_source(self.spec)
         self.host_setup_s = time.perf_counter() - t_start
         self._kernel = None
@@ -143,15 +237,20 @@ class _Plan:
             return self._kernel
         cuda, types, jvp = _cuda_modules()
         mod = self._module("gpu")
-        rhs_dev = cuda.jit(device=True)(self.rhs)
         f64 = types.float64
         n, P = self.n, self.spec.n_params
-        if self.has_args:
-            raise NotImplementedError(
-                "backend='cuda' with args (tables) is not implemented yet: numba-enzyme-cuda's "
-                "CUDA jvp takes only scalars and tuples, so table values must enter the RHS as "
-                "scalars (see solver/cuda_backend.py docstring)")
-        sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P))
+        if self.split is not None:
+            # the differentiated primal is the table-free core; the lookups stay plain device
+            # functions reading the args array (outside Enzyme)
+            T = int(self.split.n_tv)
+            rhs_dev = cuda.jit(device=True)(self.split.core_device)
+            sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P),
+                                         types.UniTuple(f64, T))
+            mod.table_values = cuda.jit(device=True)(self.split.lookup_device)
+            mod.table_values_dt = cuda.jit(device=True)(self.split.lookup_dt_device)
+        else:
+            rhs_dev = cuda.jit(device=True)(self.rhs)
+            sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P))
         mod.cuda = cuda
         mod.F64 = f64
         mod.rhs = rhs_dev
@@ -164,9 +263,12 @@ class _Plan:
         self._cuda = cuda
         return self._kernel
 
-    def jacobian(self, y, t, params):
+    def jacobian(self, y, t, params, args=None):
         """(f, J in slot layout, df/dt) at points (N, n), (N,), (N, P) through the GPU's device
-        functions (the Enzyme colour sweeps): for tests against jax.jacfwd."""
+        functions (the Enzyme colour sweeps; with tables df/dt includes the chain rule through
+        them): for tests against jax.jacfwd.  ``args``: the tables, if the plan has them."""
+        if (args is None) != (not self.has_args):
+            raise ValueError("jacobian: give args exactly when the plan was built with args")
         self.kernel()
         cuda = self._cuda
         y = np.ascontiguousarray(np.atleast_2d(y), dtype=np.float64)
@@ -179,9 +281,10 @@ class _Plan:
         jv = cuda.device_array((N, self.linear.nslots), dtype=np.float64)
         dfdt = cuda.device_array((N, self.n), dtype=np.float64)
         blocks = (N + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+        args_h = np.zeros(1) if args is None else _args_array(args)
         self._jac_kernel[blocks, THREADS_PER_BLOCK](
             cuda.to_device(y), cuda.to_device(t), cuda.to_device(np.ascontiguousarray(params)),
-            cuda.to_device(np.zeros(1)), f, jv, dfdt, np.int64(N))
+            cuda.to_device(args_h), f, jv, dfdt, np.int64(N))
         cuda.synchronize()
         return f.copy_to_host(), jv.copy_to_host(), dfdt.copy_to_host()
 
@@ -202,6 +305,23 @@ def build_plan(rhs, n, n_params, *, args=None, sparsity=None, max_steps=100_000,
                      int(max_steps))
         _PLANS[key] = plan
     return plan
+
+
+def _check_plan_split(plan, rhs, inp, args):
+    if plan.split is not None and not plan.split_checked:
+        _check_split(rhs, plan.split, inp["y0"][0], inp["t0"][0], inp["params"][0, :inp["P"]],
+                     args)
+        plan.split_checked = True
+
+
+def _kernel_attr(kernel, getter):
+    """A compiled-kernel attribute, e.g. ``get_local_mem_per_thread`` (bytes) or
+    ``get_regs_per_thread`` (max over compiled overloads; None if numba cannot say)."""
+    try:
+        v = getattr(kernel, getter)()
+        return int(max(v.values())) if isinstance(v, dict) else int(v)
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return None
 
 
 def _solution(ys, t, status, nacc, nrej, backend, info):
@@ -225,15 +345,17 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
                          f"{linear_solver!r}")
     inp = _prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps,
                    first_step)
+    table_split_of(rhs, args)  # a clear TypeError for args without rhs.table_split
     _cuda_modules()  # fail early, with the reason, before any host-side work
     plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                       max_steps=max_steps, controller=controller, tableau=tableau)
+    _check_plan_split(plan, rhs, inp, args)
     kernel = plan.kernel()
     cuda = plan._cuda
     N, n, m = inp["N"], inp["n"], inp["t_save"].shape[1]
     d = {k: cuda.to_device(inp[k]) for k in ("y0", "t0", "t_end", "t_save", "params", "atol",
                                              "weights", "h0")}
-    args_d = cuda.to_device(np.zeros(1)) if args is None else cuda.to_device(np.asarray(args))
+    args_d = cuda.to_device(np.zeros(1) if args is None else _args_array(args))
     ys = cuda.device_array((N, m, n), dtype=np.float64)
     t_out = cuda.device_array(N, dtype=np.float64)
     st = cuda.device_array(N, dtype=np.int32)
@@ -252,7 +374,9 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
     info = {"linear_solver": "sparse", "jacobian_colors": int(plan.jac_plan.n_colors),
             "lu_slots": int(plan.linear.nslots), "kernel_seconds": elapsed,
             "first_call_includes_compile": first, "host_setup_seconds": plan.host_setup_s,
-            "kernel_module": plan.module_path}
+            "kernel_module": plan.module_path, "table_values": plan.spec.n_tv,
+            "local_mem_per_thread": _kernel_attr(kernel, "get_local_mem_per_thread"),
+            "regs_per_thread": _kernel_attr(kernel, "get_regs_per_thread")}
     return _solution(ys.copy_to_host(), t_out.copy_to_host(), st.copy_to_host(),
                      nacc.copy_to_host(), nrej.copy_to_host(), "cuda", info)
 
@@ -275,30 +399,62 @@ class _EmuCuda:
         return self.thread
 
 
-def _emulated_jvp(rhs, n, P):
+def _emulated_jvp(f_jax, P, n_tv):
+    """``jax.jvp`` in place of Enzyme's: same call layout (tangent out, the primal's arguments,
+    then one direction set mirroring them per sweep)."""
     import jax
     import jax.numpy as jnp
 
-    def f(y, t, p):
-        return jnp.stack([jnp.asarray(v, jnp.float64) for v in rhs(y, t, p)])
+    n_prim = 4 if n_tv else 3
+
+    def f(*a):
+        return jnp.stack([jnp.asarray(v, jnp.float64) for v in f_jax(*a)])
 
     @jax.jit
-    def sweeps(y, t, p, dys, dts, dps):
-        return jax.vmap(lambda dy, dt, dp: jax.jvp(f, (y, t, p), (dy, dt, dp))[1])(dys, dts, dps)
+    def sweeps(prim, dirs):
+        return jax.vmap(lambda *d: jax.jvp(f, prim, d)[1])(*dirs)
 
-    def jvp_rhs(tg, y, t, p, *dirs):
-        k = len(dirs) // 3
-        dys = np.stack([np.asarray(dirs[3 * j]) for j in range(k)])
-        dts = np.array([float(dirs[3 * j + 1]) for j in range(k)])
-        dps = np.stack([np.asarray(dirs[3 * j + 2]) for j in range(k)])
-        out = np.asarray(sweeps(np.asarray(y), float(t), np.asarray(p)[:P], dys, dts,
-                                dps[:, :P]))
+    def prim_of(a):
+        out = [np.asarray(a[0], np.float64), np.float64(a[1]), np.asarray(a[2], np.float64)[:P]]
+        if n_tv:
+            out.append(np.asarray(a[3], np.float64))
+        return out
+
+    def jvp_rhs(tg, *a):
+        prim, dirs = a[:n_prim], a[n_prim:]
+        k = len(dirs) // n_prim
+        if len(dirs) != k * n_prim or not 1 <= k <= MAX_DIRECTIONS:
+            raise TypeError(f"emulated jvp: {len(dirs)} direction arguments")
+        sets = [prim_of(dirs[n_prim * d:n_prim * (d + 1)]) for d in range(k)]
+        # padded to MAX_DIRECTIONS with zero directions: one compiled shape for every call
+        sets += [[np.zeros_like(v) for v in sets[0]]] * (MAX_DIRECTIONS - k)
+        stacked = tuple(np.stack([s_[j] for s_ in sets]) for j in range(n_prim))
+        out = np.asarray(sweeps(tuple(prim_of(prim)), stacked))[:k]
         if tg.ndim == 1:
             tg[:] = out[0]
         else:
             tg[:, :] = out
 
     return jvp_rhs
+
+
+def _emulation_module(plan, rhs, P):
+    """The plan's kernel module with numpy/JAX stand-ins for cuda, Enzyme and the device RHS."""
+    mod = plan._module("emu")
+    emu = _EmuCuda()
+    mod.cuda = emu
+    mod.F64 = np.float64
+    split = plan.split
+    if split is not None:
+        core = split.core_device
+        mod.rhs = lambda y, t, p, tv: core(y, t, p[:P], tv)
+        mod.table_values = split.lookup_device
+        mod.table_values_dt = split.lookup_dt_device
+        mod.jvp_rhs = _emulated_jvp(split.core, P, int(split.n_tv))
+    else:
+        mod.rhs = (lambda y, t, p: rhs(y, t, p[:P])) if P else (lambda y, t, p: rhs(y, t, ()))
+        mod.jvp_rhs = _emulated_jvp(rhs, P, 0)
+    return mod, emu
 
 
 def solve_emulated(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None,
@@ -309,19 +465,14 @@ def solve_emulated(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, 
     numpy arrays stand in for local/device arrays, ``jax.jvp`` for the Enzyme sweeps, the model's
     Python RHS for the device function.  Exactly the source the GPU compiles; for tests only.
     """
-    if args is not None:
-        raise NotImplementedError("solve_emulated: args not supported yet")
     inp = _prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps,
                    first_step)
-    plan = build_plan(rhs, inp["n"], inp["P"], sparsity=sparsity, max_steps=max_steps,
-                      controller=controller, tableau=tableau)
-    mod = plan._module("emu")
-    emu = _EmuCuda()
-    mod.cuda = emu
-    mod.F64 = np.float64
-    P = inp["P"]
-    mod.rhs = (lambda y, t, p: rhs(y, t, p[:P])) if P else (lambda y, t, p: rhs(y, t, ()))
-    mod.jvp_rhs = _emulated_jvp(rhs, inp["n"], P)
+    table_split_of(rhs, args)
+    plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
+                      max_steps=max_steps, controller=controller, tableau=tableau)
+    _check_plan_split(plan, rhs, inp, args)
+    mod, emu = _emulation_module(plan, rhs, inp["P"])
+    args_h = np.zeros(1) if args is None else _args_array(args)
     N, n, m = inp["N"], inp["n"], inp["t_save"].shape[1]
     ys = np.full((N, m, n), -12345.0)
     t_out = np.zeros(N)
@@ -330,8 +481,31 @@ def solve_emulated(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, 
     nrej = np.zeros(N, np.int32)
     for i in range(N):
         emu.thread = i
-        mod.kernel(inp["y0"], inp["t0"], inp["t_end"], inp["t_save"], inp["params"], np.zeros(1),
+        mod.kernel(inp["y0"], inp["t0"], inp["t_end"], inp["t_save"], inp["params"], args_h,
                    inp["rtol"], inp["atol"], inp["weights"], inp["h0"], inp["n_weighted"], ys,
                    t_out, st, nacc, nrej, N)
     return _solution(ys, t_out, st, nacc, nrej, "cuda-emulated",
-                     {"jacobian_colors": int(plan.jac_plan.n_colors)})
+                     {"jacobian_colors": int(plan.jac_plan.n_colors),
+                      "table_values": plan.spec.n_tv})
+
+
+def jacobian_emulated(rhs, y, t, params, *, args=None, sparsity=None):
+    """(f, J in slot layout, df/dt, plan) at points (N, n), (N,), (N, P) through the kernel text's
+    ``jac_kernel`` on the CPU (as :meth:`_Plan.jacobian` does on the GPU): for tests."""
+    y = np.ascontiguousarray(np.atleast_2d(np.asarray(y, np.float64)))
+    N, n = y.shape
+    t = np.ascontiguousarray(np.broadcast_to(np.asarray(t, np.float64), (N,)))
+    params = np.asarray(params, np.float64).reshape(N, -1)
+    P = params.shape[1]
+    table_split_of(rhs, args)
+    plan = build_plan(rhs, n, P, args=args, sparsity=sparsity)
+    mod, emu = _emulation_module(plan, rhs, P)
+    pk = np.ascontiguousarray(params if P else np.zeros((N, 1)))
+    args_h = np.zeros(1) if args is None else _args_array(args)
+    f = np.full((N, n), np.nan)
+    jv = np.full((N, plan.linear.nslots), np.nan)
+    dfdt = np.full((N, n), np.nan)
+    for i in range(N):
+        emu.thread = i
+        mod.jac_kernel(y, t, pk, args_h, f, jv, dfdt, N)
+    return f, jv, dfdt, plan

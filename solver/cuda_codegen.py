@@ -12,6 +12,14 @@ of a module that defines, undecorated,
   ``t`` (numba-enzyme-cuda ``jvp`` of the tuple-returning primal, at most 8 directions per call),
   the seeds written as literals into local arrays, the compressed columns deposited straight into
   the LU slots (``jv[slot] = tangent[direction, row]``);
+
+With tables (``spec.n_tv > 0``; the RHS provides a ``TableSplit``, see ``solver.cuda_backend``)
+the primal is the table-free core ``rhs(y, t, p, tv)`` and ``tv`` comes from a plain device
+function reading the ``args`` array, outside Enzyme: ``f_eval`` calls
+``rhs(y, t, p, table_values(t, p, args))``; ``jac_eval`` evaluates ``tv = table_values(t, p, args)``
+and ``dtv = table_values_dt(t, p, args)`` once, seeds the colour sweeps with ``(s_c, 0, 0, 0)`` and
+the time sweep with ``(0, 1, 0, dtv)`` -- so its tangent is ∂f/∂t + ∂f/∂tv · dtv/dt, the chain rule
+through the table.  Without tables (``n_tv = 0``) ``args`` is an unused 1-element dummy.
 * ``wrms(e, ya, yb, rtol, atol, wt, nw)`` -- the weighted RMS error norm of the JAX backend;
 * ``kernel(...)`` -- one trajectory per thread: initial step (Hairer–Nørsett–Wanner), the Rodas
   stage loop unrolled with the tableau's literals (zero coefficients dropped), the PID controller,
@@ -20,9 +28,11 @@ of a module that defines, undecorated,
 
 The module expects these globals to be injected before it is used: ``cuda`` (``cuda.grid``,
 ``cuda.local.array``), ``F64`` (the float64 dtype for local arrays), ``rhs`` (the primal device
-function) and ``jvp_rhs`` (its Enzyme ``jvp``).  The CUDA backend binds them to numba-cuda-mlir and
-numba-enzyme-cuda objects; :func:`emulate` binds them to numpy/JAX stand-ins so the very same text
-runs on a CPU (tests of the kernel logic without a GPU).
+function), ``jvp_rhs`` (its Enzyme ``jvp``) and, with tables, ``table_values`` and
+``table_values_dt`` (the split's lookup and its t-derivative, plain device functions).  The CUDA
+backend binds them to numba-cuda-mlir and numba-enzyme-cuda objects;
+``solver.cuda_backend.solve_emulated`` binds them to numpy/JAX stand-ins so the very same text runs
+on a CPU (tests of the kernel logic without a GPU).
 """
 from __future__ import annotations
 
@@ -60,6 +70,7 @@ class KernelSpec:
     jac_slots: tuple         # ((slot, colour, row), ...) for every slot in the pattern
     tableau: object
     controller: object
+    n_tv: int = 0            # > 0: args are tables read through a TableSplit (see module doc)
 
 
 def _lit(x) -> str:
@@ -97,10 +108,14 @@ def lu_source_to_out_form(source: str) -> str:
 
 
 def _emit_helpers(spec: KernelSpec) -> list[str]:
-    n, P = spec.n, spec.n_params
+    n, P, T = spec.n, spec.n_params, spec.n_tv
     ytup = "(" + ", ".join(f"y[{q}]" for q in range(n)) + ("," if n == 1 else "") + ")"
     ptup = "(" + ", ".join(f"p[{q}]" for q in range(P)) + ("," if P == 1 else "") + ")"
-    call_extra = ", args" if spec.has_args else ""
+    if T:
+        # the table values enter the core as a tuple of scalars (the lookup runs outside Enzyme)
+        call_extra = ", table_values(t, p, args)"
+    else:
+        call_extra = ", args" if spec.has_args else ""
     L = []
     L += [
         "def _nmax(a, b):",
@@ -142,6 +157,19 @@ def _emit_helpers(spec: KernelSpec) -> list[str]:
     L += [f"    zp[{q}] = 0.0" for q in range(P)]
     L += [f"    zy = cuda.local.array({n}, F64)"]
     L += [f"    zy[{q}] = 0.0" for q in range(n)]
+    if T:
+        # tables: the primal point tv and, for the t sweep, the chain-rule seed dtv/dt; the
+        # colour sweeps hold tv fixed (it does not depend on y)
+        L += ["    tvt = table_values(t, p, args)",
+              "    dtvt = table_values_dt(t, p, args)",
+              f"    tv = cuda.local.array({T}, F64)",
+              f"    dtv = cuda.local.array({T}, F64)",
+              f"    ztv = cuda.local.array({T}, F64)"]
+        for q in range(T):
+            L += [f"    tv[{q}] = tvt[{q}]", f"    dtv[{q}] = dtvt[{q}]", f"    ztv[{q}] = 0.0"]
+    primal = "y, t, p, tv" if T else "y, t, p"
+    zero_tv = ", ztv" if T else ""
+    time_tv = ", dtv" if T else ""
     for c in range(spec.n_colors):
         L.append(f"    sd{c} = cuda.local.array({n}, F64)")
         for q in range(n):
@@ -157,10 +185,10 @@ def _emit_helpers(spec: KernelSpec) -> list[str]:
         for di, (kind, c) in enumerate(chunk):
             where[(kind, c)] = (ci, di, w)
             if kind == "color":
-                parts.append(f"sd{c}, 0.0, zp")
+                parts.append(f"sd{c}, 0.0, zp{zero_tv}")
             else:
-                parts.append("zy, 1.0, zp")
-        L.append(f"    jvp_rhs(tg{ci}, y, t, p, " + ", ".join(parts) + ")")
+                parts.append(f"zy, 1.0, zp{time_tv}")
+        L.append(f"    jvp_rhs(tg{ci}, {primal}, " + ", ".join(parts) + ")")
 
     def tref(key, row):
         ci, di, w = where[key]
@@ -389,15 +417,27 @@ def generate_kernel_source(spec: KernelSpec) -> str:
     """The full module text (see the module docstring for what it defines and expects)."""
     if spec.n_params < 1:
         raise ValueError("n_params must be >= 1 (pad P = 0 with a dummy parameter)")
+    if spec.has_args and spec.n_tv < 1:
+        raise ValueError("args reach the kernel only as tables through a TableSplit (n_tv >= 1): "
+                         "Enzyme's CUDA jvp cannot take an array argument")
+    tables = (f"rhs(y, t, p, tv) is the table-free core; tv = table_values(t, p, args) "
+              f"({spec.n_tv} values), d tv/dt = table_values_dt(t, p, args); args is the tables' "
+              "C-contiguous float64 device array, of the model's own ndim.") if spec.n_tv else \
+        "rhs(y, t, p); args is an unused float64 dummy of shape (1,)."
     head = [f'"""Generated Rodas ensemble kernel: n={spec.n}, P={spec.n_params}, '
-            f'nslots={spec.nslots}, colours={spec.n_colors}, tableau={spec.tableau.name}."""',
+            f'nslots={spec.nslots}, colours={spec.n_colors}, tableau={spec.tableau.name}.',
+            "",
+            "kernel(" + ", ".join(KERNEL_ARGS) + "): one trajectory per thread.",
+            tables,
+            '"""',
             "import math", ""]
     body = _emit_helpers(spec) + _emit_kernel(spec) + _emit_jac_kernel(spec)
     return "\n".join(head) + "\n" + lu_source_to_out_form(spec.lu_source) + "\n\n" + \
         "\n".join(body) + "\n"
 
 
-def build_spec(n, n_params, has_args, max_steps, linear, jac_plan, tableau, controller) -> KernelSpec:
+def build_spec(n, n_params, has_args, max_steps, linear, jac_plan, tableau, controller,
+               n_tv: int = 0) -> KernelSpec:
     """KernelSpec from a sparse :class:`LinearSolver` and a :class:`JacobianPlan` on its slots."""
     if linear.source is None:
         raise ValueError("the CUDA kernel needs the straight-line sparse LU (LinearSolver.source)")
@@ -408,4 +448,4 @@ def build_spec(n, n_params, has_args, max_steps, linear, jac_plan, tableau, cont
                       lu_source=linear.source, nslots=int(linear.nslots),
                       diag_slots=tuple(int(d) for d in linear.diag_slots),
                       colors=tuple(int(c) for c in jac_plan.colors), n_colors=int(nc),
-                      jac_slots=slots, tableau=tableau, controller=controller)
+                      jac_slots=slots, tableau=tableau, controller=controller, n_tv=int(n_tv))

@@ -95,6 +95,165 @@ def test_emulated_kernel_failures(max_steps):
     assert np.all(np.isnan(b.ys[1, 1:]))
 
 
+# ----------------------------------------------------------------------------- EB model with tables
+EB_RTOL, EB_ATOL = 1e-5, 1e-10
+
+
+def _analytic_thermo(lna):
+    """A cheap stand-in for boltzmann.thermodynamics (which takes ~1 min to compile here): fully
+    ionised kappa' = 4.5e-7 a^-2 x_e / Mpc with a tanh recombination, c_s^2 = 3e-13 / a, exact
+    d/dlna.  The emulated tests check the solver's table path, not recombination physics."""
+    from types import SimpleNamespace
+
+    x = np.asarray(lna)
+    s = np.tanh((x - np.log(1.0 / 1100.0)) / 0.1)
+    xe = 1e-3 + (1.0 - 1e-3) * 0.5 * (1.0 + s)
+    dxe = (1.0 - 1e-3) * 0.5 * (1.0 - s * s) / 0.1
+    cs2 = 3e-13 * np.exp(-x)
+    return SimpleNamespace(ln_kappa_dot=np.log(4.5e-7 * xe) - 2.0 * x,
+                           dln_kappa_dot=dxe / xe - 2.0, cs2=cs2, dcs2=-cs2)
+
+
+def _eb_setup(k, n_grid=1500):
+    """(model, table (1, 4, 2, n_grid), params, x0, y0, error weights) as boltzmann.perturbations
+    builds them: lcdm.yaml's background and massive neutrino, small hierarchies (n = 50)."""
+    import dataclasses
+
+    from boltzmann import ncdm as ncdm_mod
+    from boltzmann import perturbations as pt
+    from boltzmann.params import load_config
+    from models.eb import NcdmQuadrature, build_eb_model
+
+    cfg = load_config("lcdm")
+    cosmo = cfg.cosmology
+    prec = dataclasses.replace(cfg.precision, bg_n_lna=n_grid)
+    grid = pt.make_grid(prec)
+    q, w, dlnf = ncdm_mod.perturbation_quadrature(3)
+    species = (NcdmQuadrature(tuple(map(float, q)), tuple(map(float, w)),
+                              tuple(map(float, dlnf))),)
+    model = build_eb_model(l_max_g=8, l_max_pol_g=6, l_max_ur=8, ncdm=species, l_max_ncdm=6)
+    table = pt.build_table(cosmo, _analytic_thermo(grid.nodes), grid, model)[None]
+    params = pt.mode_params(model, cosmo, k, grid)
+    x0, y0 = pt.initial_states(model, params, prec.k_tau_ini, prec.omega_tau_ini)
+    return model, table, params, x0, y0, pt.error_weights(model)
+
+
+@pytest.fixture(scope="module")
+def eb_case():
+    k = np.array([0.005, 0.05, 0.3])
+    model, table, params, x0, y0, w = _eb_setup(k)
+    xs = np.linspace(x0.max(), -9.0, 4)
+    jax_sol = solve(model.rhs, y0, xs, params, args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL,
+                    error_weights=w)
+    return model, table, params, x0, y0, w, xs, jax_sol
+
+
+def test_emulated_kernel_eb_model_with_tables(eb_case):
+    """The EB model reads its tables through rhs.table_split in the kernel text: same result as
+    the JAX backend (which calls rhs(y, x, p, tab) itself), same statuses."""
+    from solver.cuda_backend import solve_emulated
+
+    model, table, params, x0, y0, w, xs, a = eb_case
+    b = solve_emulated(model.rhs, y0, xs, params, args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL,
+                       error_weights=w)
+    assert b.info["table_values"] == model.table_split.n_tv
+    assert np.all(b.status == Status.OK)
+    _compare(a, b, EB_RTOL, EB_ATOL)
+    # relative agreement of the controlled variables (metric, matter) at every save point
+    ctrl = w > 0
+    ya, yb = np.asarray(a.ys)[..., ctrl], np.asarray(b.ys)[..., ctrl]
+    rel = np.abs(yb - ya) / np.maximum(np.abs(ya), EB_ATOL / EB_RTOL)
+    assert rel.max() <= 10 * EB_RTOL, f"max relative difference {rel.max():.3g}"
+    assert np.all(np.abs(np.asarray(a.n_accepted) - b.n_accepted) <= 3)
+
+
+def check_eb_jacobian(model, table, y, xs, P, f, jv, dfdt, plan):
+    """The kernel's (f, J slots, df/dx) at points (y, xs, P) against JAX, with tolerances scaled
+    by what each quantity's rounding can be (the EB RHS is linear in y: f = A(x) y, and early on
+    its terms cancel to many digits, so plain relative tolerances would be meaningless):
+
+    * J: 1e-12 of each row's largest |J| entry, jax.jacfwd of model.rhs(y, x, p, tab);
+    * f: 1e-12 of |J| |y|;
+    * df/dx: 1e-12 of its terms' magnitudes (|∂core/∂x| + |∂core/∂tv| |d tv/dx| + |∂²f/∂x∂y| |y|)
+      against the chain rule ∂core/∂x + ∂core/∂tv · d tv/dx, and 1e-10 of them against jax's
+      derivative through the Hermite table (limited by the table's conditioning,
+      tests/test_eb_model.py); the chain-rule term must matter (so the test can tell).
+    """
+    import jax
+    import jax.numpy as jnp
+
+    split = model.table_split
+    tab = jnp.asarray(table)
+    in_pat = plan.pattern[plan.linear.slot_rows, plan.linear.slot_cols]
+
+    def fy(yy, xx, pp):
+        return jnp.stack(model.rhs(yy, xx, pp, tab))
+
+    @jax.jit
+    def reference(yy, xx, pp):
+        J, dx = jax.jacfwd(fy, argnums=(0, 1))(yy, xx, pp)
+        tv = jnp.stack(split.lookup(xx, pp, tab))
+        dtv = jnp.stack(split.lookup_dt(xx, pp, tab))
+        dcore_dx, dcore_dtv = jax.jacfwd(lambda x_, t_: jnp.stack(split.core(yy, x_, pp, t_)),
+                                         argnums=(0, 1))(xx, tv)
+        chain = dcore_dx + dcore_dtv @ dtv
+        d2 = jax.jacfwd(jax.jacfwd(fy, argnums=1), argnums=0)(yy, xx, pp)
+        scale = jnp.abs(dcore_dx) + jnp.abs(dcore_dtv) @ jnp.abs(dtv) + jnp.abs(d2) @ jnp.abs(yy)
+        return fy(yy, xx, pp), J, dx, chain, scale, dcore_dx
+
+    for i in range(len(xs)):
+        f_ref, J, dx, chain, scale, dcore_dx = (np.asarray(v) for v in reference(
+            jnp.asarray(y[i]), jnp.asarray(xs[i]), jnp.asarray(P[i])))
+        row = np.maximum(np.abs(J).max(axis=1), 1e-300)[plan.linear.slot_rows]
+        err = np.abs(jv[i] - plan.linear.from_dense(J)) / row
+        assert err[in_pat].max() <= 1e-12, f"point {i}: J error {err[in_pat].max():.3g}"
+        assert np.all(J[~plan.pattern] == 0.0)
+        f_scale = np.abs(J) @ np.abs(y[i]) + np.abs(f_ref)
+        assert np.all(np.abs(f[i] - f_ref) <= 1e-12 * f_scale), f"point {i}: f differs"
+        scale = np.maximum(scale, 1e-300)
+        err_t = np.abs(dfdt[i] - chain) / scale
+        assert err_t.max() <= 1e-12, f"point {i}: df/dx error {err_t.max():.3g}"
+        err_ad = np.abs(dfdt[i] - dx) / scale
+        assert err_ad.max() <= 1e-10, f"point {i}: df/dx vs jax through the table {err_ad.max():.3g}"
+        assert np.abs(dcore_dx - dx).max() > 1e-6 * np.abs(dx).max()
+
+
+def test_emulated_jacobian_eb_model_with_tables():
+    """f, J (slots) and df/dx of the kernel's jac_eval (colour sweeps with tv seeds 0; the x sweep
+    seeded with d tv/dx) against jax.jacfwd of model.rhs(y, x, p, tab), whose x-derivative runs
+    through the Hermite table (check_eb_jacobian)."""
+    from solver.cuda_backend import jacobian_emulated
+
+    k = np.array([0.02, 0.7])
+    model, table, params, x0, y0, _ = _eb_setup(k)
+    rng = np.random.default_rng(3)
+    # the initial states (strong cancellations), then points spread over the table (tight
+    # coupling, recombination, today) with perturbed states
+    xs = np.concatenate([x0, [-14.0, np.log(1.0 / 1100.0) + 0.03, -0.4, -6.2]])
+    P = np.concatenate([params, params, params])
+    y = np.concatenate([y0] + [y0 * (1.0 + 0.3 * rng.standard_normal(y0.shape))
+                               + 1e-3 * rng.standard_normal(y0.shape) for _ in range(2)])
+    f, jv, dfdt, plan = jacobian_emulated(model.rhs, y, xs, P, args=table)
+    in_pat = plan.pattern[plan.linear.slot_rows, plan.linear.slot_cols]
+    assert np.all(jv[:, ~in_pat] == 0.0)
+    check_eb_jacobian(model, table, y, xs, P, f, jv, dfdt, plan)
+
+
+def test_cuda_args_need_table_split():
+    """args without rhs.table_split: a TypeError that says what the RHS must provide."""
+    from solver.cuda_backend import solve_emulated
+
+    def rhs_tab(y, t, p, tab):
+        return (-tab[0] * y[0],)
+
+    with pytest.raises(TypeError, match="table_split"):
+        solve_emulated(rhs_tab, np.ones((1, 1)), [0.0, 1.0], np.zeros((1, 0)),
+                       args=np.ones(3))
+    with pytest.raises(TypeError, match="core_device"):
+        solve(rhs_tab, np.ones((1, 1)), [0.0, 1.0], np.zeros((1, 0)), args=np.ones(3),
+              backend="cuda")
+
+
 def test_cuda_import_is_lazy():
     """Importing the backend needs neither numba-cuda-mlir nor numba-enzyme-cuda."""
     import solver.cuda_backend as cb
@@ -182,3 +341,87 @@ def test_cuda_max_steps_in_ensemble():
     b = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol, max_steps=1500, backend="cuda")
     _compare(a, b, rtol, atol)
     assert b.status.tolist() == [Status.OK, Status.MAX_STEPS, Status.OK, Status.OK]
+
+
+# ----------------------------------------------------------------------------- GPU: EB with tables
+@pytest.fixture(scope="module")
+def eb_default():
+    """lcdm.yaml's default-precision model (n = 217 with the massive neutrino) and a table on
+    the default grid: the real background, the analytic thermodynamics stand-in (the Jacobian
+    test checks Enzyme against JAX, not recombination)."""
+    from boltzmann import perturbations as pt
+    from boltzmann.params import load_config
+
+    cfg = load_config("lcdm")
+    model = pt.build_model(cfg.cosmology, cfg.precision)
+    grid = pt.make_grid(cfg.precision)
+    table = pt.build_table(cfg.cosmology, _analytic_thermo(grid.nodes), grid, model)[None]
+    k = np.array([1e-3, 0.05, 0.4, 2.0])
+    params = pt.mode_params(model, cfg.cosmology, k, grid)
+    x0, y0 = pt.initial_states(model, params, cfg.precision.k_tau_ini, cfg.precision.omega_tau_ini)
+    return model, np.asarray(table), params, x0, y0
+
+
+@pytest.mark.gpu
+def test_enzyme_jacobian_eb_model_with_tables(eb_default):
+    """Enzyme's compressed Jacobian of the EB core (tables through rhs.table_split) at the initial
+    states and at perturbed states over the table: J equals jax.jacfwd of model.rhs(y, x, p, tab)
+    to 1e-12 of each row's largest entry, df/dx the chain rule through the table to 1e-12 of its
+    terms (check_eb_jacobian)."""
+    from solver.cuda_backend import build_plan
+
+    model, table, params, x0, y0 = eb_default
+    rng = np.random.default_rng(5)
+    xs = np.concatenate([x0, [-14.0, np.log(1.0 / 1100.0) + 0.03, -0.4, 0.0]])
+    P = np.concatenate([params, params])
+    y = np.concatenate([y0, y0 * (1.0 + 0.3 * rng.standard_normal(y0.shape))
+                        + 1e-3 * rng.standard_normal(y0.shape)])
+    plan = build_plan(model.rhs, model.n, P.shape[1], args=table)
+    f, jv, dfdt = plan.jacobian(y, xs, P, args=table)
+    in_pat = plan.pattern[plan.linear.slot_rows, plan.linear.slot_cols]
+    assert np.all(jv[:, ~in_pat] == 0.0)
+    check_eb_jacobian(model, table, y, xs, P, f, jv, dfdt, plan)
+
+
+@pytest.fixture(scope="module")
+def pipeline_both():
+    """The full pipeline (lcdm.yaml, default precision) on 24 k modes from 1e-4 to 1 h/Mpc, with
+    the CUDA and with the JAX backend."""
+    import dataclasses
+
+    from boltzmann import pipeline
+    from boltzmann.params import load_config
+
+    cfg = load_config("lcdm")
+    h = float(cfg.cosmology.h)
+    out = dataclasses.replace(cfg.output, z=(0.0,),
+                              k_values=tuple(np.logspace(-4.0, 0.0, 24) * h))
+    cfg = dataclasses.replace(cfg, output=out)
+    return cfg, pipeline.run(cfg, backend="cuda"), pipeline.run(cfg, backend="jax")
+
+
+@pytest.mark.gpu
+def test_cuda_pipeline_pk_matches_jax(pipeline_both):
+    from boltzmann.spectra import power_from_transfer
+
+    cfg, cu, jx = pipeline_both
+    assert cu.backend == "cuda" and jx.backend == "jax"
+    c = cfg.cosmology
+
+    def pk(res, which):
+        return np.asarray(power_from_transfer(res.k, res.transfers[0.0][which], float(c.A_s),
+                                              float(c.n_s), float(c.k_pivot)))
+
+    for which in ("d_m", "d_cb"):
+        rel = np.abs(pk(cu, which) / pk(jx, which) - 1.0)
+        assert rel.max() <= 1e-4, f"P[{which}] cuda vs jax: max relative difference {rel.max():.3g}"
+
+
+@pytest.mark.gpu
+def test_cuda_pipeline_statuses_match_jax(pipeline_both):
+    _, cu, jx = pipeline_both
+    assert cu.solver_stats["failed_k"] == jx.solver_stats["failed_k"] == []
+    assert cu.solver_stats["failure_reasons"] == jx.solver_stats["failure_reasons"]
+    # same algorithm: the step counts agree up to a few rounding-moved decisions
+    assert abs(cu.solver_stats["accepted_steps_max"] - jx.solver_stats["accepted_steps_max"]) \
+        <= max(5, 0.02 * jx.solver_stats["accepted_steps_max"])

@@ -317,3 +317,92 @@ def test_massive_transfer_matches_class(massive_model, reference, k):
     for name in ("d_m", "d_cdm", "d_b"):
         ref = class_transfer(reference["tk_massive"], name, k)
         assert obs[name] == pytest.approx(ref, rel=1e-3), name
+
+
+# ---------------------------------------------------------------- table split (CUDA protocol)
+
+
+def _split_points(model, reference):
+    """(y, x, p) samples: inside the table, and extrapolating past both of its ends."""
+    rng = np.random.default_rng(7)
+    xs = (X_MIN - 0.4, X_MIN + 1e-3, -16.3, math.log(1.0 / 1101.0), -2.0, 0.0, 0.25)
+    return [(rng.normal(size=model.n), x, massive_params(model, reference, kk))
+            for x, kk in zip(xs, (1e-4, 3e-3, 0.02, 0.1, 0.3, 1.0, 5.0))]
+
+
+def test_table_split_source_form(massive_model):
+    split = massive_model.rhs.table_split
+    assert split is massive_model.table_split
+    assert split.n_tv == len(TABLE_COLUMNS) and split.names == TABLE_COLUMNS
+    src = split.device_source
+    core = src.split("\ndef table_values(")[0]
+    body = core.split('"""')[2]
+    assert not re.search(r"\b(tab|T|row|jc)\b", body)       # the core reads no table
+    assert set(re.findall(r"\btv\[([^\]]*)\]", body)) == {str(c) for c in range(split.n_tv)}
+    assert not re.search(r"\b(for|while|if|lambda|range)\b", body)
+    lookups = src[len(core):]
+    assert not re.search(r"\b(T|M)\.", lookups)              # builtins only: device-compilable
+
+
+def test_table_split_reproduces_rhs(massive_model, reference):
+    """rhs(y, x, p, tab) == core(y, x, p, lookup(x, p, tab)): JAX (eager and jit) and the
+    device flavour (plain Python on scalars) against make_rhs(math), in and outside the grid."""
+    model, tab = massive_model, reference["tab_massive"]
+    split = model.table_split
+    tab_np = np.asarray(tab)
+    rhs_math = model.make_rhs(math)
+    split_jit = jax.jit(lambda y, x, p, t: jnp.stack(split.core(y, x, p, split.lookup(x, p, t))))
+    rhs_jit = jax.jit(lambda y, x, p, t: jnp.stack(model.rhs(y, x, p, t)))
+    for y, x, p in _split_points(model, reference):
+        yj, xj = jnp.asarray(y), jnp.asarray(x)
+        ref = np.array(model.rhs(yj, xj, p, tab))
+        scale = np.abs(ref).max()
+        got = np.array(split.core(yj, xj, p, split.lookup(xj, p, tab)))
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-15 * scale)
+        np.testing.assert_allclose(np.asarray(split_jit(yj, xj, p, tab)),
+                                   np.asarray(rhs_jit(yj, xj, p, tab)), rtol=0, atol=1e-15 * scale)
+        pl = [float(v) for v in np.asarray(p)]
+        dev = split.core_device(list(y), x, pl, split.lookup_device(x, np.asarray(p), tab_np))
+        np.testing.assert_array_equal(np.array(dev), np.array(rhs_math(list(y), x, pl, tab_np)))
+        np.testing.assert_allclose(np.array(dev), ref, rtol=0, atol=1e-14 * scale)
+
+
+def _hermite_dx_longdouble(tab, p_names, p, x):
+    """d/dx of the Hermite interpolant in extended precision (the cell as models.tables)."""
+    x_min, dx = (np.longdouble(float(p[p_names.index(n)])) for n in ("table_x_min", "table_dx"))
+    u = (np.longdouble(x) - x_min) / dx
+    j = int(min(max(np.floor(u), 0), tab.shape[-1] - 2))
+    t = u - j
+    f0, d0, f1, d1 = (tab[0, :, 0, j].astype(np.longdouble), tab[0, :, 1, j].astype(np.longdouble),
+                      tab[0, :, 0, j + 1].astype(np.longdouble),
+                      tab[0, :, 1, j + 1].astype(np.longdouble))
+    g00, g10, g11 = (6 * t * t - 6 * t) / dx, 3 * t * t - 4 * t + 1, 3 * t * t - 2 * t
+    deriv = g00 * (f0 - f1) + g10 * d0 + g11 * d1
+    # rounding scale of any evaluation: |basis| x |node data| (cond ~ |f| / (dx |f'|) inside)
+    scale = abs(g00) * (np.abs(f0) + np.abs(f1)) + abs(g10) * np.abs(d0) + abs(g11) * np.abs(d1)
+    return deriv, scale
+
+
+def test_table_split_lookup_derivative(massive_model, reference):
+    """lookup_dt (closed-form Hermite derivative) against an extended-precision evaluation and
+    against jax's derivative of lookup, in and outside the grid; the device flavour equals the
+    JAX one.  jax's derivative differentiates g(t) f0 - g(t) f1 of close node values, so it is
+    only good to ~eps |f| / dx (the table's conditioning), which bounds the comparison."""
+    split, tab = massive_model.table_split, reference["tab_massive"]
+    tab_np = np.asarray(tab)
+    eps = np.finfo(float).eps
+    for _, x, p in _split_points(massive_model, reference):
+        exact, cond = _hermite_dx_longdouble(tab_np, massive_model.param_names, np.asarray(p), x)
+        exact = exact.astype(float)
+        closed = np.array(split.lookup_dt(jnp.asarray(x), p, tab))
+        cond = cond.astype(float)
+        err = np.abs(closed - exact) / (1e-14 * np.abs(exact) + eps * cond)
+        assert err.max() <= 2.0, f"x={x}: closed-form error / (eps cond) = {err}"
+        ad = np.asarray(jax.jacfwd(lambda xx: jnp.stack(split.lookup(xx, p, tab)))(jnp.asarray(x)))
+        err_ad = np.abs(ad - exact) / (1e-14 * np.abs(exact) + eps * cond)
+        assert err_ad.max() <= 4.0, f"x={x}: jax derivative error / (eps cond) = {err_ad}"
+        dev = np.array(split.lookup_dt_device(x, np.asarray(p), tab_np))
+        np.testing.assert_allclose(dev, closed, rtol=1e-15, atol=0)
+        tv_dev = np.array(split.lookup_device(x, np.asarray(p), tab_np))
+        tv = np.array(split.lookup(jnp.asarray(x), p, tab))
+        np.testing.assert_allclose(tv_dev, tv, rtol=1e-15, atol=0)
