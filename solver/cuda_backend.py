@@ -347,6 +347,13 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
                    first_step)
     table_split_of(rhs, args)  # a clear TypeError for args without rhs.table_split
     _cuda_modules()  # fail early, with the reason, before any host-side work
+    if os.environ.get("BOLTZMANN_CUDA_LAUNCH", "numba") == "ffi":
+        # launch through the XLA FFI custom call (solver/cuda_ffi.py); results stay JAX arrays
+        from . import cuda_ffi
+        return cuda_ffi.solve(rhs, y0, t_save, params, args=args, rtol=rtol, atol=atol, t0=t0,
+                              t_end=t_end, sparsity=sparsity, error_weights=error_weights,
+                              max_steps=max_steps, first_step=first_step,
+                              linear_solver=linear_solver, controller=controller, tableau=tableau)
     plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                       max_steps=max_steps, controller=controller, tableau=tableau)
     _check_plan_split(plan, rhs, inp, args)
@@ -374,7 +381,7 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
     info = {"linear_solver": "sparse", "jacobian_colors": int(plan.jac_plan.n_colors),
             "lu_slots": int(plan.linear.nslots), "kernel_seconds": elapsed,
             "first_call_includes_compile": first, "host_setup_seconds": plan.host_setup_s,
-            "kernel_module": plan.module_path, "table_values": plan.spec.n_tv,
+            "kernel_module": plan.module_path, "table_values": plan.spec.n_tv, "launch": "numba",
             "local_mem_per_thread": _kernel_attr(kernel, "get_local_mem_per_thread"),
             "regs_per_thread": _kernel_attr(kernel, "get_regs_per_thread")}
     return _solution(ys.copy_to_host(), t_out.copy_to_host(), st.copy_to_host(),
