@@ -1,0 +1,755 @@
+"""Issue 4's GPU benchmark, one process, side by side (DESIGN §11).
+
+(a) Stiff ensembles: the 64-variable van der Pol lattice (models/stiff.py, t in [0, 3], the
+    problem of scripts/bench_solver.py) at N = 1e3, 1e4, 1e5 trajectories: our CUDA backend vs our
+    JAX backend vs diffrax (Rodas5p if the installed diffrax has it, else Kvaerno5), same
+    rtol = atol.
+(b) ΛCDM P(k) (configs/lcdm.yaml: one 0.06 eV neutrino, default precision, its k grid and
+    redshifts) for 1, 16, 128, 1024 cosmologies per launch through boltzmann/ensemble.py
+    (fiducial_ensemble: ±5% Latin hypercube in omega_b, omega_cdm, h, n_s, A_s), CUDA vs JAX.
+(c) One cosmology, params -> P(k) and σ8, wall time end to end, warm.
+
+Every row: the first call (compilation included) and warm calls (compilation excluded, median of
+repeats), ms per launch, trajectories (or cosmologies) per second, accepted steps per trajectory
+(median, max). The work is estimated from operation counts (jaxpr equations of the RHS and of one
+JVP sweep, the compiled sparse LU's operation counts, the Rodas5P tableau; see ``work_estimate``)
+and turned into achieved GFLOP/s against the H200's fp64 peak (34 TFLOP/s vector, 67 TFLOP/s on
+tensor cores, which scalar per-thread code cannot use).
+
+The parts run in the order of ``--parts`` (default "bca": the ΛCDM ensembles first, since they
+are the point of issue 4). A global time budget (``--budget``, default 480 s) keeps the run inside
+a 10-minute device call: each part but the last may use only a share of what is left
+(SECTION_SHARE); before each row its time is projected from the rows already measured (or a prior
+guess), and a row that would not fit, or would exceed ``--row-limit``, is printed as "skipped:
+projected X s" instead of being run. A row that fails (CUDA backend unavailable, not implemented
+for tables, any error) prints its reason and the run goes on. Each row is printed (flushed) as
+soon as it is done, and ``--out DIR`` gets bench_gpu.json and bench_gpu.md rewritten after every
+row (so a run killed from outside keeps what it measured).
+
+    python scripts/bench_gpu.py --out $OUT                  # the GPU run (all defaults)
+    python scripts/bench_gpu.py --backends jax --quick      # CPU smoke test (tiny sizes)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+
+os.environ.setdefault("JAX_ENABLE_X64", "1")
+# numba (the CUDA backend) allocates next to XLA: do not let XLA take 75% of the GPU up front
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+#: H200 SXM fp64 peaks [FLOP/s] (NVIDIA datasheet): vector units, and DMMA tensor cores
+H200_FP64_VECTOR = 34e12
+H200_FP64_TENSOR = 67e12
+#: fp64 flop-equivalents charged per transcendental (exp, log, sqrt, pow, ...): on NVIDIA GPUs
+#: these are software sequences of roughly 10-40 DFMA-class instructions; 20 is a round middle
+TRANSCENDENTAL_FLOPS = 20
+
+VDP_T_END = 3.0
+VDP_TOL = 1e-6
+ALL_BACKENDS = ("cuda", "jax", "diffrax")
+
+#: first-row guesses [s] (compile + one run) before anything was measured, per (part, backend);
+#: from docs/benchmarks.md (H200: lattice JAX first call 25.6 s, CUDA 24.9 s; EB JAX ~40 s)
+#: share of the remaining budget a part may use when other parts follow it
+SECTION_SHARE = {"a": 0.5, "b": 0.75, "c": 0.3}
+PRIOR_FIRST_S = {"vdp:cuda": 30.0, "vdp:jax": 30.0, "vdp:diffrax": 40.0, "eb:cuda": 90.0,
+                 "eb:jax": 90.0}
+
+
+# =========================================================================== output
+class Report:
+    """Prints rows as they come (flushed) and keeps everything for the JSON/Markdown files."""
+
+    def __init__(self, out_dir: str | None = None):
+        self.out_dir = out_dir
+        self.lines: list[str] = []
+        self.data: dict = {"vdp": [], "eb": [], "one": [], "notes": []}
+
+    def print(self, line: str = ""):
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def row(self, part: str, row: dict, line: str):
+        """Record a finished row, print it, and rewrite the files (a killed run keeps them)."""
+        self.data[part].append(row)
+        self.print(line)
+        self.write()
+
+    def note(self, text: str):
+        self.data["notes"].append(text)
+        self.print(f"note: {text}")
+
+    def write(self):
+        if not self.out_dir:
+            return
+        os.makedirs(self.out_dir, exist_ok=True)
+        tmp = os.path.join(self.out_dir, ".bench_gpu.json.tmp")
+        with open(tmp, "w") as fh:
+            json.dump(self.data, fh, indent=1, default=_json_default)
+        os.replace(tmp, os.path.join(self.out_dir, "bench_gpu.json"))
+        with open(os.path.join(self.out_dir, "bench_gpu.md"), "w") as fh:
+            fh.write("\n".join(self.lines) + "\n")
+
+
+def _json_default(x):
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+class Budget:
+    """Wall-clock budget of the whole run, with an optional earlier deadline per section."""
+
+    def __init__(self, total_s: float, row_limit_s: float):
+        self.t0 = time.perf_counter()
+        self.total = float(total_s)
+        self.row_limit = float(row_limit_s)
+        self.section_end = self.total
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return min(self.total, self.section_end) - self.elapsed()
+
+    def start_section(self, share: float):
+        """This section may run until ``share`` of what is left of the whole budget is used."""
+        self.section_end = self.elapsed() + share * (self.total - self.elapsed())
+
+    def end_section(self):
+        self.section_end = self.total
+
+    def refuse(self, projected: float) -> str | None:
+        """None if a row projected to take ``projected`` s may run, else the reason."""
+        if projected > self.row_limit:
+            return f"skipped: projected {projected:.0f} s > row limit {self.row_limit:.0f} s"
+        if projected > self.left():
+            return (f"skipped: projected {projected:.0f} s > {max(self.left(), 0):.0f} s left "
+                    f"in the time budget")
+        return None
+
+
+def project(history: list, key: str, n: int, prior_first: float) -> float:
+    """Projected seconds of a row (first call + one warm call) at size ``n`` for ``key``.
+
+    From the largest measured size of the same key: its compilation time (first - warm) again —
+    a new shape recompiles the XLA programs; only the lattice's CUDA kernel ("vdp:cuda") is
+    shape-independent — plus two runs of the warm time scaled as size**alpha. alpha is fitted
+    to the two largest measured sizes when there are two (clipped to [0.3, 1.2]), else 1 on a
+    CPU and 0.6 on a GPU (whose throughput grows with N until the device is full).
+    """
+    done = sorted((r for r in history if r.get("key") == key and r.get("status") == "ok"),
+                  key=lambda r: r["size"])
+    if not done:
+        return prior_first
+    last = done[-1]
+    alpha = 1.0 if jax.default_backend() == "cpu" else 0.6
+    if len(done) >= 2 and done[-2]["size"] < last["size"] and done[-2]["warm_s"] > 0:
+        alpha = math.log(last["warm_s"] / done[-2]["warm_s"]) / math.log(
+            last["size"] / done[-2]["size"])
+        alpha = min(max(alpha, 0.3), 1.2)
+    warm = last["warm_s"] * max(n / last["size"], 1.0) ** alpha
+    compile_s = 0.0 if key == "vdp:cuda" else max(last["first_s"] - last["warm_s"], 0.0)
+    return compile_s + 2.0 * warm
+
+
+def _warm_calls(call, first_s, min_total=0.5, max_repeats=5):
+    """Median warm time of repeated calls (more repeats for fast launches), and the last result."""
+    times, res = [], None
+    repeats = 1 if first_s > min_total else max_repeats
+    for _ in range(repeats):
+        t = time.perf_counter()
+        res = call()
+        times.append(time.perf_counter() - t)
+        if sum(times) > min_total and len(times) >= 1:
+            break
+    return float(np.median(times)), len(times), res
+
+
+def _unavailable_reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+# =========================================================================== work estimate
+_ARITH = {"add", "sub", "mul", "div", "neg", "max", "min", "abs", "sign", "square", "rem",
+          "add_any", "dot_general", "reduce_sum", "reduce_max", "reduce_min", "cumsum",
+          "floor", "ceil", "round", "clamp", "select_n", "nextafter"}
+_TRANS = {"exp", "exp2", "log", "log1p", "expm1", "sqrt", "rsqrt", "cbrt", "pow", "sin", "cos",
+          "tan", "tanh", "atan", "atan2", "asin", "acos", "sinh", "cosh", "erf", "erfc",
+          "logistic", "lgamma", "digamma"}
+
+
+def count_ops(fn, *example) -> dict:
+    """Arithmetic and transcendental operation counts of ``fn``'s jaxpr (per call).
+
+    Each equation counts once per output element (integer_pow y**n as n-1 multiplies,
+    dot_general as 2 m n k); sub-jaxprs (pjit, custom_jvp, cond branches: the largest) are walked.
+    Gathers, selects of constants, converts and shape ops are not counted.
+    """
+    closed = jax.make_jaxpr(fn)(*example)
+    counts = {"arith": 0, "transcendental": 0}
+    _walk(closed.jaxpr, counts)
+    return counts
+
+
+def _size(v) -> int:
+    shape = getattr(getattr(v, "aval", None), "shape", ())
+    return int(np.prod(shape)) if shape else 1
+
+
+def _walk(jaxpr, counts, mult: int = 1):
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        out = max((_size(v) for v in eqn.outvars), default=1)
+        subs = []
+        for p in eqn.params.values():
+            for q in (p if isinstance(p, (tuple, list)) else (p,)):
+                if hasattr(q, "eqns"):
+                    subs.append(q)
+                elif hasattr(q, "jaxpr") and hasattr(q.jaxpr, "eqns"):
+                    subs.append(q.jaxpr)
+        if subs:
+            if name == "cond":
+                best = None
+                for s in subs:
+                    c = {"arith": 0, "transcendental": 0}
+                    _walk(s, c, mult)
+                    if best is None or c["arith"] > best["arith"]:
+                        best = c
+                for k in counts:
+                    counts[k] += best[k]
+            else:
+                for s in subs:
+                    _walk(s, counts, mult)
+            continue
+        if name == "integer_pow":
+            counts["arith"] += mult * out * max(abs(int(eqn.params.get("y", 2))) - 1, 1)
+        elif name == "dot_general":
+            lhs = eqn.invars[0].aval.shape
+            (lc, _), _ = eqn.params["dimension_numbers"]
+            k = int(np.prod([lhs[i] for i in lc])) if lc else 1
+            counts["arith"] += mult * 2 * out * k
+        elif name in _TRANS:
+            counts["transcendental"] += mult * out
+        elif name in _ARITH:
+            counts["arith"] += mult * out
+
+
+def work_estimate(rhs, n: int, n_params: int, args=None, y=None, p=None) -> dict:
+    """Rough fp64 operation count of one Rodas5P step (what both our backends execute).
+
+    per step = Jacobian (one primal RHS + (colours + 1) JVP sweeps; a sweep's cost is the JVP
+    jaxpr minus the primal's — an upper bound for the CUDA kernel, where Enzyme folds the literal
+    seeds) + W assembly (nslots + n) + sparse LU factorisation (the symbolic LU's own count) +
+    8 triangular solves + 7 further RHS evaluations + the stage combinations (2n per nonzero
+    tableau coefficient in a, C, d, b, e) + the error norm (~6n). Transcendentals are charged
+    TRANSCENDENTAL_FLOPS each. Dense output (only at save times) and the controller (scalars) are
+    left out. Sparsity, colouring and LU are the solver's own (solver.sparsity / linear /
+    jacobian), built here once more.
+    """
+    from solver.jacobian import build_jacobian_plan
+    from solver.linear import build_linear_solver
+    from solver.sparsity import detect_sparsity
+    from solver.tableau import RODAS5P as tab
+
+    t0 = time.perf_counter()
+    y = jnp.ones(n) * 0.1 if y is None else jnp.asarray(y)
+    p = jnp.ones(max(n_params, 1)) if p is None else jnp.asarray(p)
+    if args is None:
+        pattern = detect_sparsity(rhs, n, n_params)
+
+        def f(y_, t_):
+            return jnp.stack(jnp.broadcast_arrays(*rhs(y_, t_, p)))
+    else:
+        pattern = detect_sparsity(rhs, n, n_params, args=args)
+
+        def f(y_, t_):
+            return jnp.stack(jnp.broadcast_arrays(*rhs(y_, t_, p, args)))
+    pattern = np.asarray(pattern, bool) | np.eye(n, dtype=bool)
+    linear = build_linear_solver(pattern, method="sparse")
+    n_factor, n_solve = linear.symbolic.op_counts()
+    colors = build_jacobian_plan(pattern, linear).n_colors
+    t = jnp.asarray(0.5)
+    prim = count_ops(f, y, t)
+    both = count_ops(lambda y_, t_, dy, dt: jax.jvp(f, (y_, t_), (dy, dt)), y, t, y, t)
+    tangent = {k: both[k] - prim[k] for k in prim}
+
+    def flops(c):
+        return c["arith"] + TRANSCENDENTAL_FLOPS * c["transcendental"]
+
+    s = tab.stages
+    nnz = (int(np.count_nonzero(tab.a)) + int(np.count_nonzero(tab.C))
+           + int(np.count_nonzero(tab.d)) + int(np.count_nonzero(tab.b))
+           + int(np.count_nonzero(tab.e)))
+    parts = {
+        "jacobian": flops(prim) + (colors + 1) * flops(tangent),
+        "w_assembly": linear.nslots + n,
+        "lu_factor": n_factor,
+        "triangular_solves": s * n_solve,
+        "stage_rhs": (s - 1) * flops(prim),
+        "stage_combinations": 2 * n * nnz,
+        "error_norm": 6 * n,
+    }
+    return {"n": n, "pattern_nnz": int(pattern.sum()), "lu_slots": int(linear.nslots),
+            "colours": int(colors), "rhs_arith": prim["arith"],
+            "rhs_transcendental": prim["transcendental"], "jvp_sweep_arith": tangent["arith"],
+            "jvp_sweep_transcendental": tangent["transcendental"], "lu_factor_ops": n_factor,
+            "lu_solve_ops": n_solve, "per_step": parts,
+            "flops_per_step": int(sum(parts.values())),
+            "estimate_seconds": time.perf_counter() - t0}
+
+
+def _gflops(work, steps_total, seconds):
+    if not work or not seconds or not steps_total:
+        return None
+    return work["flops_per_step"] * steps_total / seconds / 1e9
+
+
+def _print_work(report, label, w):
+    p = w["per_step"]
+    report.print(f"work/step {label}: n={w['n']}, pattern nnz {w['pattern_nnz']}, LU slots "
+                 f"{w['lu_slots']}, colours {w['colours']}; RHS {w['rhs_arith']} arith + "
+                 f"{w['rhs_transcendental']} transc., JVP sweep {w['jvp_sweep_arith']} + "
+                 f"{w['jvp_sweep_transcendental']}; LU factor {w['lu_factor_ops']}, solve "
+                 f"{w['lu_solve_ops']} ops -> {w['flops_per_step']:,} flop/step (Jacobian "
+                 f"{p['jacobian']:,}, LU {p['lu_factor']:,}, 8 solves {p['triangular_solves']:,},"
+                 f" 7 RHS {p['stage_rhs']:,}, vectors {p['stage_combinations'] + p['error_norm']:,}"
+                 f"); transcendental = {TRANSCENDENTAL_FLOPS} flop")
+
+
+# =========================================================================== (a) VdP lattice
+def _vdp_params(N, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.column_stack([rng.uniform(3.0, 10.0, N), rng.uniform(0.1, 3.0, N)])
+
+
+def _vdp_call(backend, prob, N):
+    from solver import solve
+
+    params = _vdp_params(N)
+    y0 = np.tile(prob.y0, (N, 1))
+    ts = np.array([0.0, VDP_T_END])
+    if backend in ("jax", "cuda"):
+        def call():
+            sol = solve(prob.rhs, y0, ts, params, rtol=VDP_TOL, atol=VDP_TOL, backend=backend)
+            ys = sol.ys
+            if isinstance(ys, jax.Array):
+                ys.block_until_ready()
+            return {"ys": np.asarray(ys), "status": np.asarray(sol.status),
+                    "n_acc": np.asarray(sol.n_accepted), "n_rej": np.asarray(sol.n_rejected),
+                    "info": dict(sol.info)}
+        return call, None
+
+    import diffrax
+
+    solver_cls = getattr(diffrax, "Rodas5p", None) or diffrax.Kvaerno5
+
+    def one(p):
+        term = diffrax.ODETerm(lambda t, y, args: jnp.stack(prob.rhs(y, t, args)))
+        sol = diffrax.diffeqsolve(
+            term, solver_cls(), 0.0, VDP_T_END, None, jnp.asarray(prob.y0), args=p,
+            stepsize_controller=diffrax.PIDController(rtol=VDP_TOL, atol=VDP_TOL),
+            max_steps=100_000, saveat=diffrax.SaveAt(t1=True), throw=False)
+        ok = sol.result == diffrax.RESULTS.successful
+        return (sol.ys[-1], ok, sol.stats["num_accepted_steps"],
+                sol.stats["num_rejected_steps"])
+
+    f = jax.jit(jax.vmap(one))
+    pj = jnp.asarray(params)
+
+    def call():
+        ys, ok, acc, rej = f(pj)
+        ys.block_until_ready()
+        return {"ys": np.asarray(ys), "status": np.where(np.asarray(ok), 0, 1),
+                "n_acc": np.asarray(acc), "n_rej": np.asarray(rej), "info": {}}
+    return call, solver_cls.__name__
+
+
+def run_vdp(args, report, budget, work):
+    from models.stiff import van_der_pol_lattice
+
+    prob = van_der_pol_lattice(32)
+    backends = [b for b in args.backends if b in ALL_BACKENDS]
+    report.print(f"\n## (a) {prob.name} (n = {prob.n}), t in [0, {VDP_T_END}], rtol = atol = "
+                 f"{VDP_TOL}; sizes {args.sizes}")
+    w = None
+    if not args.no_work:
+        try:
+            w = work_estimate(prob.rhs, prob.n, 2, p=prob.params)
+            work["vdp"] = w
+            _print_work(report, prob.name, w)
+        except Exception as exc:  # a side show: never stop the benchmark for it
+            report.note(f"work estimate for the lattice failed: {_unavailable_reason(exc)}")
+    report.print("| N | backend | first call [s] | warm [ms/launch] | trajectories/s | steps "
+                 "median / max | GFLOP/s (est.) | % fp64 peak | note |")
+    report.print("|---|---|---|---|---|---|---|---|---|")
+    rows = report.data["vdp"]
+    dead = {}
+    for N in args.sizes:
+        for b in backends:
+            key = f"vdp:{b}"
+            row = {"key": key, "size": N, "backend": b}
+            if b in dead:
+                row.update(status="skipped", note=dead[b])
+            else:
+                projected = project(rows, key, N, PRIOR_FIRST_S[key])
+                why = budget.refuse(projected)
+                if why:
+                    row.update(status="skipped", note=why, projected_s=projected)
+                else:
+                    _vdp_row(row, b, prob, N, w, dead)
+            report.row("vdp", row, _vdp_line(row))
+
+
+def _vdp_row(row, backend, prob, N, work, dead):
+    try:
+        call, name = _vdp_call(backend, prob, N)
+        t = time.perf_counter()
+        res = call()
+        first = time.perf_counter() - t
+        warm, repeats, res = _warm_calls(call, first)
+    except ImportError as exc:
+        dead[backend] = f"unavailable: {_unavailable_reason(exc)}"
+        row.update(status="skipped", note=dead[backend])
+        return
+    except Exception as exc:  # CudaBackendUnavailable, NotImplementedError, anything: go on
+        reason = _unavailable_reason(exc)
+        if type(exc).__name__ in ("CudaBackendUnavailable", "NotImplementedError"):
+            dead[backend] = f"unavailable: {reason}"
+        row.update(status="error", note=reason, traceback=traceback.format_exc())
+        return
+    acc, rej = res["n_acc"], res["n_rej"]
+    steps_total = int(acc.sum() + rej.sum())
+    failed = int(np.sum(res["status"] != 0))
+    row.update(status="ok", first_s=first, warm_s=warm, warm_repeats=repeats,
+               ms_per_launch=1e3 * warm, per_s=N / warm,
+               steps_median=float(np.median(acc)), steps_max=int(acc.max()),
+               steps_total=steps_total, failed=failed,
+               solver=name or "Rodas5P (ours)",
+               kernel_s=res["info"].get("kernel_seconds"))
+    if backend != "diffrax":
+        g = _gflops(work, steps_total, warm)
+        row.update(gflops=g, peak_fraction=None if g is None else g * 1e9 / H200_FP64_VECTOR)
+    notes = []
+    if name:
+        notes.append(name)
+    if row["kernel_s"] is not None:
+        notes.append(f"kernel {1e3 * row['kernel_s']:.1f} ms of it")
+    if failed:
+        notes.append(f"{failed} trajectories failed")
+    row["note"] = "; ".join(notes)
+
+
+def _fmt(x, spec, none="—"):
+    return none if x is None else format(x, spec)
+
+
+def _short(note: str, limit: int = 160) -> str:
+    note = (note or "").replace("|", "/")
+    return note if len(note) <= limit else note[:limit - 3] + "..."
+
+
+def _vdp_line(r) -> str:
+    if r["status"] != "ok":
+        return (f"| {r['size']} | {r['backend']} | — | — | — | — | — | — | "
+                f"{_short(r['note'])} |")
+    peak = None if r.get("peak_fraction") is None else 100 * r["peak_fraction"]
+    return (f"| {r['size']} | {r['backend']} | {r['first_s']:.2f} | {r['ms_per_launch']:.1f}"
+            f" | {r['per_s']:.3g} | {r['steps_median']:.0f} / {r['steps_max']} | "
+            f"{_fmt(r.get('gflops'), '.1f')} | {_fmt(peak, '.2f')} | {_short(r['note'])} |")
+
+
+# =========================================================================== (b), (c) ΛCDM P(k)
+def _eb_setup(args):
+    from boltzmann.params import load_config
+
+    cfg = load_config(args.config)
+    if args.quick:
+        prec = dataclasses.replace(cfg.precision, l_max_g=8, l_max_pol_g=6, l_max_ur=8,
+                                   l_max_ncdm=6, n_q_ncdm=2, bg_n_lna=1000)
+        out = dataclasses.replace(cfg.output, k_min=1e-3, k_max=1.0, k_per_decade=5 / 3,
+                                  z=(0.0,))
+        cfg = dataclasses.replace(cfg, precision=prec, output=out)
+    return cfg
+
+
+def _eb_work(cfg, report, work):
+    from boltzmann import ensemble
+    from boltzmann import perturbations as pt
+
+    try:
+        model = ensemble._model(cfg.cosmology, cfg.precision)
+        grid = pt.make_grid(cfg.precision)
+        # a representative table and parameter row: shapes are what the counts need
+        tab = jnp.zeros((1, len(model.table_columns), 2, grid.n)).at[:, :, 0, :].set(-1.0)
+        p = np.asarray(pt.mode_params(model, cfg.cosmology, [0.1], grid)[0])
+        w = work_estimate(model.rhs, model.n, len(model.param_names), args=tab,
+                          y=np.full(model.n, 0.1), p=p)
+        work["eb"] = w
+        _print_work(report, "EB model", w)
+        return w
+    except Exception as exc:
+        report.note(f"work estimate for the EB model failed: {_unavailable_reason(exc)}")
+        return None
+
+
+def run_eb(args, report, budget, work):
+    from boltzmann import ensemble
+
+    cfg = _eb_setup(args)
+    K = len(cfg.output.k_grid(float(cfg.cosmology.h)))
+    backends = [b for b in args.backends if b in ("cuda", "jax")]
+    report.print(f"\n## (b) ΛCDM P(k): {args.config}{' (quick: reduced precision)' if args.quick else ''}"
+                 f", {K} k, z = {list(cfg.output.z)}, rtol {cfg.precision.rtol:g}; cosmologies "
+                 f"per launch {args.cosmologies}; fiducial_ensemble ±5%")
+    w = None if args.no_work else _eb_work(cfg, report, work)
+    report.print("| cosmologies | backend | trajectories | first call [s] | warm [ms/launch] | "
+                 "ms/cosmology | cosmologies/s | trajectories/s | steps median / max | tables / "
+                 "ICs / solve / spectra [ms] | GFLOP/s (est.) | note |")
+    report.print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = report.data["eb"]
+    dead = {}
+    for C in args.cosmologies:
+        cosmos = ensemble.fiducial_ensemble(C, cfg)
+        for b in backends:
+            key = f"eb:{b}"
+            row = {"key": key, "size": C, "backend": b, "trajectories": C * K}
+            if b in dead:
+                row.update(status="skipped", note=dead[b])
+            elif b == "jax" and C > args.jax_max_cosmologies:
+                row.update(status="skipped",
+                           note=f"skipped: JAX backend only up to {args.jax_max_cosmologies} "
+                                f"cosmologies (--jax-max-cosmologies)")
+            else:
+                projected = project(rows, key, C, PRIOR_FIRST_S[key])
+                why = budget.refuse(projected)
+                if why:
+                    row.update(status="skipped", note=why, projected_s=projected)
+                else:
+                    _eb_row(row, b, cfg, cosmos, w, dead)
+            report.row("eb", row, _eb_line(row))
+    return cfg, dead
+
+
+def _eb_call(backend, cfg, cosmos, check_coverage=False):
+    from boltzmann import ensemble
+
+    def call():
+        return ensemble.run_ensemble(cosmos, cfg.precision, cfg.output, backend=backend,
+                                     check_sigma8_coverage=check_coverage)
+    return call
+
+
+def _eb_row(row, backend, cfg, cosmos, work, dead):
+    call = _eb_call(backend, cfg, cosmos)
+    try:
+        t = time.perf_counter()
+        res = call()
+        first = time.perf_counter() - t
+        warm, repeats, res = _warm_calls(call, first, min_total=1.0, max_repeats=3)
+    except Exception as exc:
+        reason = _unavailable_reason(exc)
+        if type(exc).__name__ in ("CudaBackendUnavailable", "NotImplementedError"):
+            dead[backend] = f"unavailable: {reason}"
+        row.update(status="error", note=reason, traceback=traceback.format_exc())
+        return
+    C = len(cosmos)
+    st = res.solver_stats
+    row.update(status="ok", first_s=first, warm_s=warm, warm_repeats=repeats,
+               ms_per_launch=1e3 * warm, ms_per_cosmology=1e3 * warm / C, per_s=C / warm,
+               trajectories_per_s=res.n_trajectories / warm,
+               steps_median=st["accepted_steps_median"], steps_max=st["accepted_steps_max"],
+               steps_total=st["steps_total"], failed=len(res.failed),
+               timings={k: float(v) for k, v in res.timings.items()},
+               sigma8_fiducial=float(res.sigma8[min(res.z)][0]),
+               kernel_s=st.get("kernel_seconds"))
+    g = _gflops(work, st["steps_total"], res.timings["solve"])
+    row.update(gflops_solve=g, peak_fraction=None if g is None else g * 1e9 / H200_FP64_VECTOR)
+    notes = []
+    if row["kernel_s"] is not None:
+        notes.append(f"kernel {1e3 * row['kernel_s']:.0f} ms of the solve")
+    if res.failed:
+        notes.append(f"{len(res.failed)} modes failed ({res.failed[0][2]})")
+    row["note"] = "; ".join(notes)
+
+
+def _split(t) -> str:
+    return " / ".join(f"{1e3 * t[k]:.0f}" for k in ("tables", "initial_conditions", "solve",
+                                                    "spectra"))
+
+
+def _eb_line(r) -> str:
+    if r["status"] != "ok":
+        return (f"| {r['size']} | {r['backend']} | {r['trajectories']} | — | — | — | — | — |"
+                f" — | — | — | {_short(r['note'])} |")
+    return (f"| {r['size']} | {r['backend']} | {r['trajectories']} | {r['first_s']:.1f} | "
+            f"{r['ms_per_launch']:.0f} | {r['ms_per_cosmology']:.1f} | {r['per_s']:.3g} | "
+            f"{r['trajectories_per_s']:.3g} | {r['steps_median']:.0f} / {r['steps_max']} | "
+            f"{_split(r['timings'])} | {_fmt(r.get('gflops_solve'), '.1f')} | "
+            f"{_short(r['note'])} |")
+
+
+def run_one(args, report, budget, cfg, dead):
+    from boltzmann import ensemble
+
+    report.print(f"\n## (c) one cosmology ({args.config} fiducial), params -> P(k) and σ8, "
+                 "warm wall time end to end (σ8 k-coverage check on)")
+    report.print("| backend | first call [s] | warm params -> P(k) [ms] | tables / ICs / solve / "
+                 "spectra [ms] | σ8(z=0) | note |")
+    report.print("|---|---|---|---|---|---|")
+    fid = [ensemble.fiducial_ensemble(1, cfg)[0]]
+    for b in [b for b in args.backends if b in ("cuda", "jax")]:
+        row = {"key": f"one:{b}", "size": 1, "backend": b}
+        compiled = any(r["backend"] == b and r["size"] == 1 and r["status"] == "ok"
+                       for r in report.data["eb"])
+        if b in dead:
+            row.update(status="skipped", note=dead[b])
+        else:
+            eb_rows = [r for r in report.data["eb"] if r["backend"] == b]
+            projected = 3.0 if compiled else project(eb_rows, f"eb:{b}", 1,
+                                                     PRIOR_FIRST_S[f"eb:{b}"])
+            why = budget.refuse(projected)
+            if why:
+                row.update(status="skipped", note=why)
+            else:
+                call = _eb_call(b, cfg, fid, check_coverage=True)
+                try:
+                    t = time.perf_counter()
+                    res = call()
+                    first = time.perf_counter() - t
+                    warm, repeats, res = _warm_calls(call, first, min_total=1.0, max_repeats=5)
+                    row.update(status="ok", first_s=first, warm_s=warm, warm_repeats=repeats,
+                               timings={k: float(v) for k, v in res.timings.items()},
+                               sigma8=float(res.sigma8[min(res.z)][0]),
+                               note="; ".join(res.sigma8_problems[:1]))
+                except Exception as exc:
+                    row.update(status="error", note=_unavailable_reason(exc),
+                               traceback=traceback.format_exc())
+        if row["status"] == "ok":
+            line = (f"| {b} | {row['first_s']:.1f} | {1e3 * row['warm_s']:.0f} | "
+                    f"{_split(row['timings'])} | {row['sigma8']:.6f} | {_short(row['note'])} |")
+        else:
+            line = f"| {b} | — | — | — | — | {_short(row['note'])} |"
+        report.row("one", row, line)
+
+
+# =========================================================================== main
+def environment(report):
+    import importlib.metadata as md
+
+    dev = jax.devices()[0]
+    env = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "python": sys.version.split()[0], "platform": platform.platform(),
+           "jax_backend": dev.platform, "device": getattr(dev, "device_kind", str(dev)),
+           "n_devices": jax.device_count(), "cpu_count": os.cpu_count()}
+    for pkg in ("jax", "jaxlib", "diffrax", "numba-cuda-mlir", "numba-enzyme-cuda", "numpy"):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            env[pkg] = None
+    try:
+        import diffrax
+        env["diffrax_solver"] = "Rodas5p" if hasattr(diffrax, "Rodas5p") else "Kvaerno5"
+    except ImportError:
+        env["diffrax_solver"] = None
+    from solver.backends import cuda_available
+    env["cuda_available"] = list(cuda_available())
+    report.data["env"] = env
+    report.print(f"# bench_gpu {env['date']}: {env['device']} ({env['jax_backend']}, "
+                 f"{env['n_devices']} device(s)), JAX {env['jax']}, diffrax {env['diffrax']} "
+                 f"({env['diffrax_solver']}), numba-cuda-mlir {env['numba-cuda-mlir']}, "
+                 f"numba-enzyme-cuda {env['numba-enzyme-cuda']}; CUDA backend: "
+                 f"{'yes' if env['cuda_available'][0] else 'no'} ({env['cuda_available'][1]}); "
+                 f"{platform.processor() or platform.machine()}, {env['cpu_count']} CPUs")
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backends", default="cuda,jax,diffrax",
+                    help="comma-separated subset of cuda,jax,diffrax (diffrax only in part a)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=None,
+                    help="(a) lattice ensemble sizes (default 1000 10000 100000)")
+    ap.add_argument("--cosmologies", type=int, nargs="+", default=None,
+                    help="(b) cosmologies per launch (default 1 16 128 1024)")
+    ap.add_argument("--parts", default="bca",
+                    help="which parts to run, in this order (default bca: the ΛCDM ensembles "
+                         "first, as they matter most; any of a, b, c)")
+    ap.add_argument("--config", default="lcdm", help="config for (b), (c) (default lcdm)")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny sizes and a reduced-precision EB model (smoke test)")
+    ap.add_argument("--budget", type=float, default=480.0,
+                    help="global wall-time budget [s]; rows that would not fit are skipped")
+    ap.add_argument("--row-limit", type=float, default=150.0,
+                    help="skip a row projected to take longer than this [s]")
+    ap.add_argument("--jax-max-cosmologies", type=int, default=16,
+                    help="run the JAX backend in (b) only up to this many cosmologies")
+    ap.add_argument("--no-work", action="store_true", help="skip the operation-count estimate")
+    ap.add_argument("--out", metavar="DIR", default=None,
+                    help="write bench_gpu.json and bench_gpu.md here")
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    bad = [b for b in args.backends if b not in ALL_BACKENDS]
+    if bad:
+        raise SystemExit(f"bench_gpu: unknown backend(s) {bad}; choose from {ALL_BACKENDS}")
+    if args.sizes is None:
+        args.sizes = [16, 64] if args.quick else [1000, 10000, 100000]
+    if args.cosmologies is None:
+        args.cosmologies = [1, 2] if args.quick else [1, 16, 128, 1024]
+    report = Report(args.out)
+    budget = Budget(args.budget, args.row_limit)
+    work: dict = {}
+    report.data["args"] = {k: v for k, v in vars(args).items()}
+    report.data["work"] = work
+    environment(report)
+    report.print(f"budget {args.budget:.0f} s (row limit {args.row_limit:.0f} s); warm = median "
+                 "of repeated calls after the first (compilation excluded); GFLOP/s from the "
+                 "operation count per step x steps taken (accepted + rejected) / warm time of "
+                 f"the solve; peak = H200 fp64 vector {H200_FP64_VECTOR / 1e12:.0f} TFLOP/s "
+                 f"(tensor cores {H200_FP64_TENSOR / 1e12:.0f}, not usable by per-thread code)")
+    cfg, dead = None, {}
+    parts = [c for c in args.parts if c in "abc"]
+    try:
+        for i, part in enumerate(parts):
+            # every part but the last may use only its share of what is left
+            budget.start_section(1.0 if i == len(parts) - 1 else SECTION_SHARE[part])
+            if part == "a":
+                run_vdp(args, report, budget, work)
+            elif part == "b":
+                cfg, dead = run_eb(args, report, budget, work)
+            else:
+                run_one(args, report, budget, cfg or _eb_setup(args), dead)
+            budget.end_section()
+    finally:
+        report.print(f"\ntotal wall time {budget.elapsed():.1f} s")
+        report.data["total_s"] = budget.elapsed()
+        report.write()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
