@@ -17,6 +17,7 @@ the same trade — and only matter/metric outputs are claimed.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -55,15 +56,26 @@ def make_grid(precision) -> Grid:
 
 
 def build_model(cosmo, precision):
-    """The generated RHS for this cosmology's species content and the precision's ℓmax/n_q."""
+    """The generated RHS for this cosmology's species content and the precision's ℓmax/n_q.
+
+    Cached by structure (number of massive species, fluid or not, ℓmax's, n_q): the same Python
+    function object comes back for every cosmology of one structure, so the solver's compiled
+    plans (JAX programs, CUDA kernels) are reused across runs.
+    """
+    return _model_for(int(cosmo.n_ncdm), bool(cosmo.use_fld), int(precision.l_max_g),
+                      int(precision.l_max_pol_g), int(precision.l_max_ur),
+                      int(precision.l_max_ncdm), int(precision.n_q_ncdm))
+
+
+@functools.lru_cache(maxsize=16)
+def _model_for(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q):
     species = []
-    for _ in range(cosmo.n_ncdm):
-        q, w, dlnf = ncdm_mod.perturbation_quadrature(int(precision.n_q_ncdm))
+    for _ in range(n_ncdm):
+        q, w, dlnf = ncdm_mod.perturbation_quadrature(n_q)
         species.append(NcdmQuadrature(tuple(map(float, q)), tuple(map(float, w)),
                                       tuple(map(float, dlnf))))
-    return build_eb_model(l_max_g=int(precision.l_max_g), l_max_pol_g=int(precision.l_max_pol_g),
-                          l_max_ur=int(precision.l_max_ur), ncdm=tuple(species),
-                          l_max_ncdm=int(precision.l_max_ncdm), de_fluid=bool(cosmo.use_fld))
+    return build_eb_model(l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur,
+                          ncdm=tuple(species), l_max_ncdm=l_max_ncdm, de_fluid=use_fld)
 
 
 def build_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
@@ -119,11 +131,16 @@ def mode_params(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> np.ndarray:
 
 def initial_states(model, params: np.ndarray, k_tau_ini: float, omega_tau_ini: float):
     """(x_ini (N,), y0 (N, n)) of the adiabatic growing mode for every parameter row."""
+    x0, y0 = _initial_states_fn(model, float(k_tau_ini), float(omega_tau_ini))(jnp.asarray(params))
+    return np.asarray(x0), np.asarray(y0)
+
+
+@functools.lru_cache(maxsize=16)
+def _initial_states_fn(model, k_tau_ini, omega_tau_ini):
     def one(p):
         tau, a = initial_time(model, p, ktau_max=k_tau_ini, omtau_max=omega_tau_ini)
         return jnp.log(a), adiabatic_initial_conditions(model, p, tau, a)
-    x0, y0 = jax.jit(jax.vmap(one))(jnp.asarray(params))
-    return np.asarray(x0), np.asarray(y0)
+    return jax.jit(jax.vmap(one))
 
 
 def initial_states_at(model, params, x0):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,6 +40,35 @@ class PipelineResult:
     gradient_tables: dict | None = None
 
 
+_TABLE_FNS: dict = {}
+
+
+def _tables_fn(grid, model):
+    """jit(cosmo -> (ThermoTable, the model's table)) for one grid and model, compiled once."""
+    key = (grid, id(model))
+    fn = _TABLE_FNS.get(key)
+    if fn is None:
+        nodes = grid.nodes
+
+        def tables(cosmo):
+            thermo = compute_thermodynamics(cosmo, lna_grid=nodes)
+            return thermo, pt.build_table(cosmo, thermo, grid, model)
+
+        fn = _TABLE_FNS[key] = jax.jit(tables)
+    return fn
+
+
+def _observables_fn(model):
+    """jit of the model's observables over (k, save time), compiled once per model."""
+    key = ("obs", id(model))
+    fn = _TABLE_FNS.get(key)
+    if fn is None:
+        fn = _TABLE_FNS[key] = jax.jit(jax.vmap(jax.vmap(model.observables,
+                                                         in_axes=(0, 0, None, None)),
+                                                in_axes=(0, None, 0, None)))
+    return fn
+
+
 def _noop(stage, done, total):
     pass
 
@@ -57,9 +87,9 @@ def run(config, *, backend: str = "auto", progress=None, gradients: bool = False
 
     t0 = time.perf_counter()
     grid = pt.make_grid(prec)
-    thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes)
     model = pt.build_model(cosmo, prec)
-    table = pt.build_table(cosmo, thermo, grid, model)[None]
+    thermo, table = _tables_fn(grid, model)(cosmo)
+    table = jax.block_until_ready(table)[None]
     timings["background_thermodynamics"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -86,6 +116,7 @@ def run(config, *, backend: str = "auto", progress=None, gradients: bool = False
     n_acc = np.empty(len(k), int)
     n_rej = np.empty(len(k), int)
     used_backend = None
+    last_info = None
     progress("perturbations", 0, len(k))
     for c in range(0, len(k), n_chunk):
         idx = order[c:c + n_chunk]
@@ -99,13 +130,12 @@ def run(config, *, backend: str = "auto", progress=None, gradients: bool = False
         n_acc[idx] = sol.n_accepted[:m]
         n_rej[idx] = sol.n_rejected[:m]
         used_backend = sol.backend
+        last_info = sol.info
         progress("perturbations", min(c + n_chunk, len(k)), len(k))
     timings["perturbations"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    import jax
-    obs_fn = jax.jit(jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
-                              in_axes=(0, None, 0, None)))
+    obs_fn = _observables_fn(model)
     obs = obs_fn(jnp.asarray(ys), jnp.asarray(x_save), jnp.asarray(params), table)
     transfers = {}
     for iz, x in enumerate(x_save):
@@ -125,6 +155,9 @@ def run(config, *, backend: str = "auto", progress=None, gradients: bool = False
         "failed_k": [float(k[i]) for i in failed],
         "failure_reasons": [describe(status[i]) for i in failed],
         "rtol": float(prec.rtol),
+        # backend details of the last chunk's solve (compile/kernel seconds, colours, LU slots...)
+        "solver_info": {key: value for key, value in (last_info or {}).items()
+                        if isinstance(value, (bool, int, float, str))},
     }
     resolved = cosmo.resolved()
     derived = {"z_reio": float(thermo.z_reio), "z_rec": float(thermo.z_rec),
