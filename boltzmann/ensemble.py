@@ -328,7 +328,10 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
             good = np.all(np.isfinite(pk) & (pk > 0), axis=1)
             s = np.full(C, np.nan)
             if good.any():
-                s[good] = _sigma8_batch(k[good], pk[good], h[good], output)
+                try:
+                    s[good] = _sigma8_batch(k[good], pk[good], h[good], output)
+                except ValueError as exc:  # e.g. fewer than 5 wavenumbers: no σ8, still P(k)
+                    problems.append(f"{name}, z = {z:g}: no sigma8: {exc}")
             sig[z] = s
             if check_sigma8_coverage:
                 for c in np.flatnonzero(good):

@@ -153,8 +153,8 @@ def project(history: list, key: str, n: int, prior_first: float) -> float:
     """Projected seconds of a row (first call + one warm call) at size ``n`` for ``key``.
 
     From the largest measured size of the same key: its compilation time (first - warm) again —
-    a new shape recompiles the XLA programs; only the lattice's CUDA kernel ("vdp:cuda") is
-    shape-independent — plus two runs of the warm time scaled as size**alpha. alpha is fitted
+    a new shape recompiles the XLA programs; the CUDA kernel is shape-independent, so "vdp:cuda"
+    has none and "eb:cuda" only its XLA stages' (tables, ICs, spectra) — plus two runs of the warm time scaled as size**alpha. alpha is fitted
     to the two largest measured sizes when there are two (clipped to [0.3, 1.2]), else 1 on a
     CPU and 0.6 on a GPU (whose throughput grows with N until the device is full).
     """
@@ -169,7 +169,14 @@ def project(history: list, key: str, n: int, prior_first: float) -> float:
             last["size"] / done[-2]["size"])
         alpha = min(max(alpha, 0.3), 1.2)
     warm = last["warm_s"] * max(n / last["size"], 1.0) ** alpha
-    compile_s = 0.0 if key == "vdp:cuda" else max(last["first_s"] - last["warm_s"], 0.0)
+    if key == "vdp:cuda":
+        compile_s = 0.0
+    elif key == "eb:cuda" and "first_timings" in last:
+        # the CUDA kernel is compiled once; only the XLA stages recompile for a new shape
+        compile_s = sum(max(last["first_timings"][k] - last["timings"][k], 0.0)
+                        for k in ("tables", "initial_conditions", "spectra"))
+    else:
+        compile_s = max(last["first_s"] - last["warm_s"], 0.0)
     return compile_s + 2.0 * warm
 
 
@@ -567,16 +574,18 @@ def _eb_row(row, backend, cfg, cosmos, work, dead):
         t = time.perf_counter()
         res = call()
         first = time.perf_counter() - t
+        first_timings = {k: float(v) for k, v in res.timings.items()}
         warm, repeats, res = _warm_calls(call, first, min_total=1.0, max_repeats=3)
     except Exception as exc:
         reason = _unavailable_reason(exc)
-        if type(exc).__name__ in ("CudaBackendUnavailable", "NotImplementedError"):
+        if type(exc).__name__ in ("CudaBackendUnavailable", "NotImplementedError", "TypeError"):
             dead[backend] = f"unavailable: {reason}"
         row.update(status="error", note=reason, traceback=traceback.format_exc())
         return
     C = len(cosmos)
     st = res.solver_stats
-    row.update(status="ok", first_s=first, warm_s=warm, warm_repeats=repeats,
+    row.update(status="ok", first_s=first, first_timings=first_timings, warm_s=warm,
+               warm_repeats=repeats,
                ms_per_launch=1e3 * warm, ms_per_cosmology=1e3 * warm / C, per_s=C / warm,
                trajectories_per_s=res.n_trajectories / warm,
                steps_median=st["accepted_steps_median"], steps_max=st["accepted_steps_max"],

@@ -63,6 +63,12 @@ def test_projection_from_measured_rows(bench):
     # two sizes: alpha = log(5/2)/log(10) fitted; 1e5 -> 5 s x 10**alpha = 12.5 s per run
     assert bench.project(hist, "vdp:jax", 100000, 99.0) == pytest.approx(28.0 + 25.0)
     assert bench.project(hist, "vdp:cuda", 10000, 99.0) == 99.0
+    # CUDA EB: the kernel's compilation (inside the first solve) is not paid again
+    eb = [{"key": "eb:cuda", "status": "ok", "size": 1, "first_s": 200.0, "warm_s": 1.0,
+           "first_timings": {"tables": 20.0, "initial_conditions": 2.0, "solve": 170.0,
+                             "spectra": 5.0},
+           "timings": {"tables": 0.3, "initial_conditions": 0.01, "solve": 0.6, "spectra": 0.09}}]
+    assert bench.project(eb, "eb:cuda", 16, 99.0) == pytest.approx(26.6 + 2 * 16.0)
     b = bench.Budget(100.0, row_limit_s=60.0)
     assert "row limit" in b.refuse(68.0)
     assert b.refuse(10.0) is None
