@@ -147,32 +147,24 @@ def stack_cosmologies(cosmologies: Sequence[CosmoParams]) -> CosmoParams:
 
 
 # --------------------------------------------------------------------------- cached pieces
-_MODELS: dict = {}
 _FUNCTIONS: dict = {}
 
 
 def _model(cosmo: CosmoParams, precision):
-    """The generated model for this structure and precision, built once (so the solver's plan,
-    keyed by the RHS object, is reused across calls). The key is the whole (frozen) precision,
-    so that no setting that shapes the model can be missed."""
-    key = (cosmo.n_ncdm, bool(cosmo.use_fld), precision)
-    model = _MODELS.get(key)
-    if model is None:
-        model = pt.build_model(cosmo, precision)
-        _MODELS[key] = model
-    return model
+    """The generated model for this structure and precision (perturbations.build_model caches it
+    per structure, so the solver's plan, keyed by the RHS object, is reused across calls)."""
+    return pt.build_model(cosmo, precision)
 
 
 @dataclass
 class _Functions:
     tables: Any
     rows: Any
-    ics: Any
     observables: Any
 
 
-def _functions(model, grid: pt.Grid, k_tau_ini: float, omega_tau_ini: float) -> _Functions:
-    key = (id(model), grid, float(k_tau_ini), float(omega_tau_ini))
+def _functions(model, grid: pt.Grid) -> _Functions:
+    key = (id(model), grid)
     fns = _FUNCTIONS.get(key)
     if fns is not None:
         return fns
@@ -194,17 +186,9 @@ def _functions(model, grid: pt.Grid, k_tau_ini: float, omega_tau_ini: float) -> 
 
         rows = jax.jit(rows_all, static_argnums=1)
 
-    # the body of pt.initial_states, jitted once per model (pt.initial_states re-jits per call)
-    from models.initial_conditions import adiabatic_initial_conditions, initial_time
-
-    def ic_one(p):
-        tau, a = initial_time(model, p, ktau_max=k_tau_ini, omtau_max=omega_tau_ini)
-        return jnp.log(a), adiabatic_initial_conditions(model, p, tau, a)
-
     obs = jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
                    in_axes=(0, None, 0, None))
-    fns = _Functions(tables=jax.jit(jax.vmap(tables_one)), rows=rows,
-                     ics=jax.jit(jax.vmap(ic_one)), observables=jax.jit(obs))
+    fns = _Functions(tables=jax.jit(jax.vmap(tables_one)), rows=rows, observables=jax.jit(obs))
     _FUNCTIONS[key] = fns
     return fns
 
@@ -264,7 +248,7 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     t0 = time.perf_counter()
     model = _model(cosmologies[0], precision)
     grid = pt.make_grid(precision)
-    fns = _functions(model, grid, precision.k_tau_ini, precision.omega_tau_ini)
+    fns = _functions(model, grid)
     stacked = stack_cosmologies(cosmologies)
     tab, derived = fns.tables(stacked)
     tab = tab.block_until_ready()
@@ -282,8 +266,7 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     cosmo_of = np.repeat(np.arange(C), K)
     order = np.lexsort((cosmo_of, k.reshape(-1)))  # by k, then cosmology
     params = rows[order]
-    x0, y0 = fns.ics(jnp.asarray(params))
-    x0, y0 = np.asarray(x0), np.asarray(y0)
+    x0, y0 = pt.initial_states(model, params, precision.k_tau_ini, precision.omega_tau_ini)
     if np.any(x0 < grid.x_min):
         raise ValueError(f"precision.bg_a_min = {precision.bg_a_min:g} is above the initial scale "
                          f"factor of the largest k ({np.exp(x0.min()):.3g}); lower it")
