@@ -149,7 +149,8 @@ class PowerSpectrumFunction:
         self.theta0 = jnp.asarray([self._fiducial_value(kind, leaf)
                                    for kind, leaf in parsed], jnp.float64)
         self._jit_value = jax.jit(self._evaluate)
-        self._jit_jac = jax.jit(jax.jacfwd(self._evaluate))
+        # one program for values and Jacobian: the primal comes from the same trace (has_aux)
+        self._jit_jac = jax.jit(jax.jacfwd(lambda th: (self._evaluate(th),) * 2, has_aux=True))
 
     # -- θ <-> CosmoParams
     def _fiducial_value(self, kind, leaf):
@@ -222,7 +223,8 @@ class PowerSpectrumFunction:
     def jacobian(self, theta=None) -> tuple[dict, dict]:
         """(values, jac): jac[name] has the output's shape + (len(θ),)."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
-        return self._jit_value(theta), self._jit_jac(theta)
+        jac, val = self._jit_jac(theta)
+        return val, jac
 
     def dlnpk(self, theta=None) -> dict:
         """Values and ∂ln P_m/∂θ, ∂ln P_cb/∂θ (n_z, n_k, n_θ), ∂ln σ8/∂θ (n_z, n_θ), with wall

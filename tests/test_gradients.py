@@ -57,11 +57,16 @@ def test_fiducial_vector_and_names(exact):
 
 
 def test_amplitude_and_tilt_are_exact(exact):
-    """P ∝ A_s (k/k_pivot)^(n_s-1) T(k)^2 and T does not depend on A_s, n_s."""
+    """P ∝ A_s (k/k_pivot)^(n_s-1) T(k)^2 and T does not depend on A_s, n_s.
+
+    The tangent ∂P/∂θ comes from the joint [y, S] solve and P from the plain solve (the custom_jvp
+    rule's primal); their steps differ, so the ratio is exact only to ~rtol (1e-8 here).
+    """
     fn, d = exact
     i_as, i_ns = PARAMETERS.index("ln10^{10}A_s"), PARAMETERS.index("n_s")
-    np.testing.assert_allclose(d["dlnP_m"][0, :, i_as], 1.0, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(d["dlnP_m"][0, :, i_ns], np.log(fn.k / 0.05), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(d["dlnP_m"][0, :, i_as], 1.0, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(d["dlnP_m"][0, :, i_ns], np.log(fn.k / 0.05), rtol=0,
+                               atol=1e-7 * np.abs(np.log(fn.k / 0.05)).max())
 
 
 def test_jacobian_matches_finite_differences_of_our_code(exact):
