@@ -14,7 +14,8 @@ def cuda_available() -> tuple[bool, str]:
         gpus = []
     if not gpus:
         return False, "no CUDA GPU visible to JAX"
-    for mod in ("numba_cuda_mlir", "numba_enzyme_cuda"):
+    # import names of the cuda extra's distributions numba-cuda-mlir and numba-enzyme-cuda
+    for mod in ("numba_cuda_mlir", "numba_enzyme"):
         if importlib.util.find_spec(mod) is None:
             return False, f"the cuda extra is not installed ({mod} missing): pip install '.[cuda]'"
     if importlib.util.find_spec("solver.cuda_backend") is None:
