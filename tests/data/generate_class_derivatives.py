@@ -24,11 +24,20 @@ w0 = -1, wa = 0 (c_s^2 = 1, no PPF).  CLASS (use_ppf = no) refuses any fluid who
     and d/dwa = D_(1,1) - d/dw0 is reported; 2 d/dw0 - D_(2,-1) is an independent check
     (stored in the yaml), which also tests that P is differentiable at the corner w0 = -1, wa = 0.
 
+Massive neutrinos: with generate.py's precision alone CLASS replaces the ncdm hierarchy by a fluid
+once k tau > 51; that approximation shifts P_m by ~ +2e-3 (f_nu / 0.015) at k ~ 0.05-0.1 h/Mpc
+relative to the full hierarchy (measured for two 0.1 eV neutrinos, see generate_extra.py), i.e.
+~6e-4 here, and its m_ncdm-dependence would bias d/dm_ncdm by ~1e-2.  The m_ncdm column therefore
+runs with NCDM_EXACT (approximation off, l_max_ncdm = 50); for omega_cdm the yaml records how much
+the approximation moves D(s) (ncdm_fluid_approximation_check).
+``--update COL ...`` recomputes only those columns (and the check) into the existing files.
+
 Each derivative is a central difference at step s and at s/2; the reported value is their
 Richardson combination (4 D(s/2) - D(s)) / 3 (the 5-point stencil on +-s/2, +-s), and the yaml
 records max |D(s) - D(s/2)| (the 2-point formula's step sensitivity) and
 max |Richardson - D(s/2)| per parameter.
 """
+import argparse
 import json
 import platform
 import sys
@@ -59,6 +68,9 @@ PRECISION = {
     "radiation_streaming_trigger_tau_over_tau_k": 240,
     "ur_fluid_trigger_tau_over_tau_k": 50, "ncdm_fluid_trigger_tau_over_tau_k": 51,
 }
+NCDM_EXACT = {"ncdm_fluid_approximation": 3, "l_max_ncdm": 50}
+#: columns whose runs use NCDM_EXACT on top of PRECISION (see docstring)
+COLUMN_PRECISION = {"m_ncdm": NCDM_EXACT}
 K_MAX = 1.0                                   # 1/Mpc, fixed in 1/Mpc so the grid ignores h
 OUTPUT = {"output": "mPk", "gauge": "synchronous", "z_pk": "0", "P_k_max_1/Mpc": K_MAX}
 K = np.logspace(-3, 0, 60) * H                # 1e-3..1 h/Mpc, in 1/Mpc (fiducial h)
@@ -75,9 +87,9 @@ COLUMNS = ["h", "omega_b", "omega_cdm", "ln10^{10}A_s", "n_s", "tau_reio", "m_nc
 _CALLS = {"n": 0, "wall": 0.0, "cpu": 0.0}
 
 
-def ln_pk(changes: dict, w0=None, wa=None) -> np.ndarray:
+def ln_pk(changes: dict, w0=None, wa=None, extra_precision=None) -> np.ndarray:
     """ln P_m(K, z=0) [Mpc^3] from CLASS; dark energy = Lambda when w0 is None, else the fluid."""
-    pars = {**FIDUCIAL, **changes, **OUTPUT, **PRECISION}
+    pars = {**FIDUCIAL, **changes, **OUTPUT, **PRECISION, **(extra_precision or {})}
     if w0 is not None:
         pars.update(FLUID, w0_fld=w0, wa_fld=wa)
     M = Class()
@@ -102,30 +114,75 @@ def central(fn, s):
     return d_full, d_half, (4 * d_half - d_full) / 3
 
 
-def main():
-    t_start = time.perf_counter()
-    base = ln_pk({})
-    results, conv = {}, {}
-    for p in COLUMNS[:8]:
-        print(f"[{p}] step {STEPS[p]:.4g}", flush=True)
-        results[p] = central(lambda d, p=p: ln_pk({p: FIDUCIAL[p] + d}), STEPS[p])
-    s = STEPS["w0_fld"]
-    print("[w0_fld] and directions (1,1), (2,-1) in (w0, wa)", flush=True)
-    d_w0 = central(lambda d: ln_pk({}, w0=W0 + d, wa=WA), s)
-    d_11 = central(lambda d: ln_pk({}, w0=W0 + d, wa=WA + d), STEPS["wa_fld"])
-    d_2m1 = central(lambda d: ln_pk({}, w0=W0 + 2 * d, wa=WA - d), STEPS["wa_fld"] / 2)
-    results["w0_fld"] = d_w0
-    results["wa_fld"] = tuple(a - b for a, b in zip(d_11, d_w0))
-    wa_check = tuple(2 * b - a for a, b in zip(d_2m1, d_w0))
+def _conv(d_full, d_half, rich, step):
+    return {"step": float(step),
+            "max_abs_D(s)-D(s/2)": float(np.max(np.abs(d_full - d_half))),
+            "max_abs_richardson-D(s/2)": float(np.max(np.abs(rich - d_half))),
+            "max_abs_value": float(np.max(np.abs(rich)))}
 
-    for p in COLUMNS:
-        d_full, d_half, rich = results[p]
-        conv[p] = {"step": float(STEPS[p]),
-                   "max_abs_D(s)-D(s/2)": float(np.max(np.abs(d_full - d_half))),
-                   "max_abs_richardson-D(s/2)": float(np.max(np.abs(rich - d_half))),
-                   "max_abs_value": float(np.max(np.abs(rich)))}
-    wa_alt = float(np.max(np.abs(wa_check[2] - results["wa_fld"][2])))
-    conv["wa_fld"]["max_abs_diff_vs_direction_(2,-1)"] = wa_alt
+
+def compute(columns):
+    """{column: Richardson derivative}, {column: step-convergence record} for ``columns``."""
+    values, conv = {}, {}
+    for p in [c for c in COLUMNS[:8] if c in columns]:
+        print(f"[{p}] step {STEPS[p]:.4g}", flush=True)
+        extra = COLUMN_PRECISION.get(p)
+        r = central(lambda d, p=p: ln_pk({p: FIDUCIAL[p] + d}, extra_precision=extra), STEPS[p])
+        values[p], conv[p] = r[2], _conv(*r, STEPS[p])
+        if extra:
+            conv[p]["extra_precision"] = extra
+    if "w0_fld" in columns or "wa_fld" in columns:
+        print("[w0_fld] and directions (1,1), (2,-1) in (w0, wa)", flush=True)
+        d_w0 = central(lambda d: ln_pk({}, w0=W0 + d, wa=WA), STEPS["w0_fld"])
+        d_11 = central(lambda d: ln_pk({}, w0=W0 + d, wa=WA + d), STEPS["wa_fld"])
+        d_2m1 = central(lambda d: ln_pk({}, w0=W0 + 2 * d, wa=WA - d), STEPS["wa_fld"] / 2)
+        d_wa = tuple(a - b for a, b in zip(d_11, d_w0))
+        wa_check = tuple(2 * b - a for a, b in zip(d_2m1, d_w0))
+        values["w0_fld"], conv["w0_fld"] = d_w0[2], _conv(*d_w0, STEPS["w0_fld"])
+        values["wa_fld"], conv["wa_fld"] = d_wa[2], _conv(*d_wa, STEPS["wa_fld"])
+        conv["wa_fld"]["max_abs_diff_vs_direction_(2,-1)"] = float(
+            np.max(np.abs(wa_check[2] - d_wa[2])))
+    return values, conv
+
+
+def fa_check(p="omega_cdm"):
+    """How much CLASS's ncdm fluid approximation moves the 2-point derivative D(s) of column p."""
+    s = STEPS[p]
+    d = {}
+    for label, extra in (("approximation_on", None), ("approximation_off", NCDM_EXACT)):
+        d[label] = (ln_pk({p: FIDUCIAL[p] + s}, extra_precision=extra)
+                    - ln_pk({p: FIDUCIAL[p] - s}, extra_precision=extra)) / (2 * s)
+    diff = np.abs(d["approximation_on"] - d["approximation_off"])
+    return {"column": p, "step": float(s), "max_abs_difference_of_D(s)": float(diff.max()),
+            "at_k_1/Mpc": float(K[np.argmax(diff)]),
+            "max_abs_value": float(np.max(np.abs(d["approximation_off"])))}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="CLASS reference d ln P / d theta")
+    ap.add_argument("--update", nargs="+", metavar="COL", choices=COLUMNS,
+                    help="recompute only these columns into the existing csv/yaml")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    csv_path, yaml_path = OUT / "class_dlnpk_dtheta.csv", OUT / "class_dlnpk_dtheta.yaml"
+    if args.update:
+        import yaml
+        old = np.loadtxt(csv_path, delimiter=",")
+        old_meta = yaml.safe_load(yaml_path.read_text())
+        assert np.allclose(old[:, 0], K, rtol=1e-8), "k grid changed: run without --update"
+        results = {p: old[:, 1 + i] for i, p in enumerate(COLUMNS)}
+        conv = old_meta["step_convergence"]
+        new_values, new_conv = compute(args.update)
+        results.update(new_values)
+        conv.update(new_conv)
+        previous_timing = old_meta.get("timing", {})
+    else:
+        base = ln_pk({})
+        print(f"fiducial ln P range {base.min():.3f}..{base.max():.3f}", flush=True)
+        results, conv = compute(COLUMNS)
+        previous_timing = {}
+    fa = fa_check("omega_cdm")
+    results = {p: (None, None, results[p]) for p in COLUMNS}   # shape used below
 
     # sanity: exact analytic derivatives
     sanity = {
@@ -142,10 +199,10 @@ def main():
         f"CLASS {classy.__version__}: d ln P_m(k, z=0) / d theta at fixed k in 1/Mpc (P in Mpc^3), "
         "see class_dlnpk_dtheta.yaml",
         "fiducial: massive-nu LCDM of params.yaml, dark energy = CPL fluid w0=-1, wa=0, cs2=1, no PPF; "
-        "5-point central differences",
+        "5-point central differences; m_ncdm column without CLASS's ncdm fluid approximation",
         "k grid: k = 0.6736 * logspace(-3, 0, 60) [1/Mpc] (1e-3..1 h/Mpc at the fiducial h)",
         ",".join(["k_1/Mpc"] + COLUMNS)])
-    np.savetxt(OUT / "class_dlnpk_dtheta.csv", cols, delimiter=",", fmt="%.9e", header=header,
+    np.savetxt(csv_path, cols, delimiter=",", fmt="%.9e", header=header,
                comments="# ")
     meta = {
         "description": "CLASS finite-difference derivatives d ln P_m(k, z=0)/d theta at fixed k in "
@@ -172,6 +229,8 @@ def main():
         "stencil": "central differences D(s) = (f(+s) - f(-s)) / 2s and D(s/2); reported value = "
                    "(4 D(s/2) - D(s)) / 3 (5-point stencil on +-s/2, +-s)",
         "steps_absolute": {p: float(v) for p, v in STEPS.items()},
+        "column_extra_precision": {p: v for p, v in COLUMN_PRECISION.items()},
+        "ncdm_fluid_approximation_check": fa,
         "wa_direction_steps": {"(1,1)": float(STEPS["wa_fld"]), "(2,-1)": float(STEPS["wa_fld"] / 2)},
         "step_convergence": conv,
         "sanity": sanity,
@@ -179,17 +238,18 @@ def main():
         "columns": ["k_1/Mpc"] + COLUMNS,
         "timing": {"class_runs": _CALLS["n"], "class_wall_s": round(_CALLS["wall"], 1),
                    "class_cpu_s": round(_CALLS["cpu"], 1),
-                   "script_wall_s": round(time.perf_counter() - t_start, 1)},
+                   "script_wall_s": round(time.perf_counter() - t_start, 1),
+                   **({"updated_columns": args.update, "before_update": previous_timing}
+                      if args.update else {})},
     }
     try:
         import yaml
         text = yaml.safe_dump(meta, sort_keys=False, default_flow_style=None, width=110)
     except ImportError:
         text = json.dumps(meta, indent=1)
-    (OUT / "class_dlnpk_dtheta.yaml").write_text(text)
-    print(json.dumps({"step_convergence": conv, "sanity": sanity}, indent=1))
-    print(f"fiducial ln P range {base.min():.3f}..{base.max():.3f}; {_CALLS['n']} CLASS runs, "
-          f"{_CALLS['wall']:.0f} s wall")
+    yaml_path.write_text(text)
+    print(json.dumps({"step_convergence": conv, "sanity": sanity}, default=str, indent=1))
+    print(f"{_CALLS['n']} CLASS runs, {_CALLS['wall']:.0f} s wall; ncdm FA check {fa}")
     return 0
 
 
