@@ -25,18 +25,19 @@ Parameters (``PARAMETERS``; names as in the config): h, omega_b, omega_cdm, ln10
 A_s), n_s, tau_reio, m_ncdm (all massive species together: each m_i moves by the same amount;
 ``m_ncdm[i]`` for one species), N_ur, w0_fld, wa_fld.
 
-Dark energy at the Λ point.  Asking for w0_fld/wa_fld in a Λ config switches the *background* to
-the w0–wa fluid at w0 = −1, wa = 0 (identical expansion to Λ) but keeps dark energy smooth (no
-perturbation variables).  Reason: the c_s² = 1 fluid's perturbations are not differentiable at
-Λ.  With δ = (1+w) δ̃ the fluid equations are regular except for the coefficient
-w'/(1+w) = −wa a ℋ / (1 + w0 + wa(1−a)), whose limit at (−1, 0) depends on the direction: 0 along
-w0, −aℋ/(1−a) along wa.  The fluid's contribution to the metric is then not linear in the
-direction (θ̇_w0, θ̇_wa), so only partial derivatives exist, and a forward-sensitivity (linear)
-tangent is undefined there.  The perturbations of a c_s² = 1 fluid matter only near the horizon
-(k ≲ 1e-3/Mpc) and vanish at Λ, so smooth dark energy is the natural linearisation; PPF
-(Fang, Hu & Lewis 2008), which is smooth across w = −1, would be the complete answer and is not
-implemented.  In a config that already has a fluid (w ≠ −1) the fluid model with its
-perturbations is differentiated as is.
+Dark energy at the Λ point.  The c_s² = 1 fluid is singular at w = −1 (its equations divide by
+1 + w) and its effect is not linear in the direction of (δw0, δwa), so only directional
+derivatives exist there.  Asking for w0_fld/wa_fld in a Λ config therefore switches the
+background to the w0–wa fluid at w0 = −1, wa = 0 (the same expansion as Λ) and the perturbations
+to ``models.eb``'s ``de_at_lambda`` form: the fluid linearised about Λ along the two well-posed
+directions (1, 0) (constant w) and (1, 1) (CPL with 1 + w = s(2 − a)), in the regular variables
+δ/(1+w) and θ.  Values equal Λ's exactly; the derivatives are ∂/∂w0 = D_(1,0) and
+∂/∂wa = D_(1,1) − D_(1,0), which is how CLASS's finite-difference reference is defined
+(tests/data/class_dlnpk_dtheta.yaml).  Dropping the fluid perturbations instead ("smooth dark
+energy") is wrong in synchronous gauge: the fluid's δ is sourced by −(1+w) h'/2 at every k, and
+leaving it out changed ∂ln P/∂w0 at k = 1 h/Mpc from −0.495 (CLASS) to −0.295.  PPF (Fang, Hu &
+Lewis 2008) would remove the singularity altogether and is not implemented.  In a config that
+already has a fluid (w ≠ −1 everywhere) the fluid model is differentiated as is.
 """
 from __future__ import annotations
 
@@ -115,13 +116,14 @@ class PowerSpectrumFunction:
                 raise ConfigError(f"gradients: m_ncdm[{i}] out of range; the cosmology has "
                                   f"{cosmo.n_ncdm} massive species")
         prec = config.precision
-        # the perturbation model follows the config: a Λ config keeps smooth dark energy even when
-        # w0/wa derivatives switch the background to the fluid (module docstring)
-        self.model = pt.build_model(cosmo, prec)
-        if any(p[1] in ("w0_fld", "wa_fld") for p in parsed) and not cosmo.use_fld:
+        # w0/wa derivatives of a Λ config: fluid background at (-1, 0), fluid perturbations
+        # linearised about Λ (module docstring)
+        self.de_at_lambda = (any(p[1] in ("w0_fld", "wa_fld") for p in parsed)
+                             and not cosmo.use_fld)
+        if self.de_at_lambda:
             cosmo = dataclasses.replace(cosmo, w0_fld=-1.0, wa_fld=0.0, use_fld=True)
+        self.model = pt.build_model(cosmo, prec, de_at_lambda=self.de_at_lambda)
         self.cosmo0 = cosmo
-        self.smooth_dark_energy = bool(cosmo.use_fld and not self.model.de_fluid)
         self._parsed = parsed
         self.rtol = float(prec.rtol if rtol is None else rtol)
         self.atol = float(prec.atol if atol is None else atol)

@@ -106,7 +106,8 @@ COSMOLOGY_TABLE: dict[str, Key] = {
     "w0_fld": Key("float", None, Interval(-3.0, 0.0), "-",
                   "CPL dark-energy fluid w0; setting w0_fld or wa_fld replaces Lambda by the fluid"),
     "wa_fld": Key("float", None, Interval(-5.0, 5.0), "-",
-                  "CPL dark-energy fluid wa, w(a) = w0 + wa (1 - a); needs w0 + wa <= 0"),
+                  "CPL dark-energy fluid wa, w(a) = w0 + wa (1 - a); needs w0 + wa <= 0 and w(a) "
+                  "not crossing or reaching -1 for 0 < a <= 1 (no PPF)"),
 }
 
 OUTPUT_TABLE: dict[str, Key] = {
@@ -513,6 +514,14 @@ def _build_cosmology(c: dict) -> CosmoParams:
                               f"{1.0 + (w0_ + 1.0) / wa_:.4g}; the fluid perturbation equations "
                               f"(c_s^2 = 1, no PPF) diverge there and PPF is not implemented. Keep "
                               f"w0 + 1 and w0 + wa + 1 of the same sign")
+        # w(a = 1) = -1: the fluid equations divide by 1 + w = 0 today
+        if w0_ == -1.0:
+            hint = ("that is a cosmological constant: leave w0_fld and wa_fld out (derivatives "
+                    "with respect to them at Λ are still available, docs/gradients.md)"
+                    if wa_ == 0.0 else
+                    "w(a) reaches -1 today (a = 1), where the c_s^2 = 1 fluid equations (no PPF) "
+                    "divide by 1 + w = 0; move w0_fld off -1")
+            raise ConfigError(f"cosmology.w0_fld = -1 with cosmology.wa_fld = {wa_:g}: {hint}")
     cosmo = CosmoParams.make(
         h=c["h"], omega_b=c["omega_b"], omega_cdm=c["omega_cdm"], n_s=c["n_s"],
         tau_reio=c["tau_reio"], A_s=c.get("A_s"), ln10_10_A_s=c.get("ln10^{10}A_s"),

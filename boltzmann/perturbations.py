@@ -55,27 +55,29 @@ def make_grid(precision) -> Grid:
     return Grid(x_min, (X_MAX - x_min) / (n - 1), n)
 
 
-def build_model(cosmo, precision):
+def build_model(cosmo, precision, *, de_at_lambda: bool = False):
     """The generated RHS for this cosmology's species content and the precision's ℓmax/n_q.
 
     Cached by structure (number of massive species, fluid or not, ℓmax's, n_q): the same Python
     function object comes back for every cosmology of one structure, so the solver's compiled
     plans (JAX programs, CUDA kernels) are reused across runs.
     """
-    return _model_for(int(cosmo.n_ncdm), bool(cosmo.use_fld), int(precision.l_max_g),
-                      int(precision.l_max_pol_g), int(precision.l_max_ur),
-                      int(precision.l_max_ncdm), int(precision.n_q_ncdm))
+    return _model_for(int(cosmo.n_ncdm), bool(cosmo.use_fld) and not de_at_lambda,
+                      int(precision.l_max_g), int(precision.l_max_pol_g), int(precision.l_max_ur),
+                      int(precision.l_max_ncdm), int(precision.n_q_ncdm), bool(de_at_lambda))
 
 
 @functools.lru_cache(maxsize=16)
-def _model_for(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q):
+def _model_for(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q,
+               de_at_lambda=False):
     species = []
     for _ in range(n_ncdm):
         q, w, dlnf = ncdm_mod.perturbation_quadrature(n_q)
         species.append(NcdmQuadrature(tuple(map(float, q)), tuple(map(float, w)),
                                       tuple(map(float, dlnf))))
     return build_eb_model(l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur,
-                          ncdm=tuple(species), l_max_ncdm=l_max_ncdm, de_fluid=use_fld)
+                          ncdm=tuple(species), l_max_ncdm=l_max_ncdm, de_fluid=use_fld,
+                          de_at_lambda=de_at_lambda)
 
 
 def build_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
@@ -112,7 +114,7 @@ def mode_param_rows(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> jnp.ndar
                                                               + m_over_t ** 2))
         values[f"ncdm_norm_{s}"] = rho["ncdm"][s] / eps_sum
         values[f"ncdm_m_over_T_{s}"] = m_over_t
-    if model.de_fluid:
+    if model.de_fluid or model.de_at_lambda:
         values.update(rho_de0=rho["fld"], w0=cosmo.w0_fld, wa=cosmo.wa_fld, cs2_de=1.0)
     k = np.asarray(k, dtype=np.float64)
     missing = [n for n in model.param_names if n != "k" and n not in values]

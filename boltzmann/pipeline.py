@@ -177,7 +177,7 @@ def run(config, *, backend: str = "auto", progress=None, gradients: bool = False
             "parameters": list(names),
             "fiducial": {n: float(v) for n, v in zip(names, grad_tables["theta"])},
             "backend": "jax (forward sensitivities)",
-            "smooth_dark_energy_at_lambda": bool(fn.smooth_dark_energy),
+            "dark_energy_linearised_at_lambda": bool(fn.de_at_lambda),
             "seconds": float(timings["gradients"]),
         }
         if "dlnsigma8" in grad_tables:

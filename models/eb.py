@@ -111,6 +111,8 @@ class EBModel:
     #: rhs split into a table-free core and the table lookup (models.tables.TableSplit); also
     #: attached to the rhs function as ``rhs.table_split`` for solvers (the CUDA backend)
     table_split: object = field(default=None, repr=False, compare=False)
+    #: dark energy linearised at Λ for derivatives (see build_eb_model, de_at_lambda)
+    de_at_lambda: bool = False
 
     def index(self, name: str) -> int:
         """Position of a state variable by name (ValueError if absent)."""
@@ -162,7 +164,7 @@ def _compile(source, math_module, table_ops):
 
 def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
                    ncdm: Sequence[NcdmQuadrature] = (), l_max_ncdm: int = 20,
-                   de_fluid: bool = False) -> EBModel:
+                   de_fluid: bool = False, de_at_lambda: bool = False) -> EBModel:
     """Generate and compile the synchronous-gauge EB model.
 
     Defaults: photon/polarisation (20, 15) as the CLASS reference run; l_max_ur = 50 because the
@@ -175,8 +177,27 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
       ln a grid of ``tab``; n_grid is ``tab.shape[-1]``); rho_g0, rho_b0, rho_cdm0, rho_ur0
       (8 pi G rho / 3 today, 1/Mpc^2); per ncdm species s: ncdm_norm_s (rho~_s(a) a^4 =
       norm * sum_i w_i eps_i) and ncdm_m_over_T_s (mass over the species' temperature today);
-      with ``de_fluid``: rho_de0, w0, wa, cs2_de.
+      with ``de_fluid`` or ``de_at_lambda``: rho_de0, w0, wa, cs2_de.
+
+    ``de_at_lambda``: the w0-wa fluid linearised about Λ, for derivatives at w0 = -1, wa = 0.
+    There the c_s² = 1 fluid is singular (θ' has c_s² k² δ/(1+w), c_a² has w'/(1+w)) and its
+    contribution is not linear in the direction of (δw0, δwa): only directional derivatives exist.
+    This mode evolves, per direction u in {A = (1, 0), B = (1, 1)} of the (w0, wa) plane, the
+    regular variables δ̃_u = δ_de/(1+w) and θ_u of a fluid with 1 + w ∝ g_u(a) (g_A = 1,
+    g_B = 2 - a, never zero for a <= 1):
+
+        δ̃' = -(θ + h'/2) - 3(c_s² - w)ℋ δ̃ - 9ℋ²/k² [(c_s² - w) + c_u/(3ℋ)] θ - c_u δ̃,
+        θ'  = -(1 - 3c_s²)ℋ θ + c_s² k² δ̃,          c_u = g_u'/g_u  (c_A = 0, c_B = -aℋ/(2 - a)),
+
+    (the fluid equations of CLASS divided by 1 + w), and feeds the Einstein equations with
+    ρ_de (1+w) δ = ρ_de [α δ̃_A + β (2-a) δ̃_B], α = 1 + w0 - wa, β = wa (so α + β(2 - a) = 1 + w).
+    On the w0 axis (wa = 0) this is the constant-w fluid exactly, on the diagonal (-1+s, s) it is
+    the CPL fluid exactly; at Λ both vanish, so values equal Λ's and the derivatives are
+    ∂/∂w0 = D_(1,0) and ∂/∂wa = D_(1,1) - D_(1,0) — the definition of CLASS's finite-difference
+    reference (tests/data/class_dlnpk_dtheta.yaml).  Only meant for derivatives at Λ.
     """
+    if de_fluid and de_at_lambda:
+        raise ValueError("de_fluid and de_at_lambda are exclusive")
     for name, value, low in (("l_max_g", l_max_g, 4), ("l_max_pol_g", l_max_pol_g, 4),
                              ("l_max_ur", l_max_ur, 4), ("l_max_ncdm", l_max_ncdm, 4)):
         if int(value) != value or value < low:
@@ -194,6 +215,8 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
             names += [f"Psi_{s}_q{i}_l{l}" for l in range(l_max_ncdm + 1)]
     if de_fluid:
         names += ["delta_de", "theta_de"]
+    if de_at_lambda:
+        names += ["delta_de_A", "theta_de_A", "delta_de_B", "theta_de_B"]
     idx = {nm: i for i, nm in enumerate(names)}
     radiation = tuple(i for nm, i in idx.items() if nm.startswith(("F_g_", "G_g_", "F_ur_")))
 
@@ -201,7 +224,7 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
               "rho_ur0"]
     for s in range(len(ncdm)):
         pnames += [f"ncdm_norm_{s}", f"ncdm_m_over_T_{s}"]
-    if de_fluid:
+    if de_fluid or de_at_lambda:
         pnames += ["rho_de0", "w0", "wa", "cs2_de"]
     pidx = {nm: i for i, nm in enumerate(pnames)}
 
@@ -284,6 +307,17 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
         e("cs2_de", P("cs2_de"))
         drho_terms.append(f"A_de * {Y('delta_de')}")
         rpt_terms.append(f"opw_de * A_de * {Y('theta_de')}")
+    if de_at_lambda:
+        e.comment("w0-wa fluid linearised at Λ: directions A = (1,0), B = (1,1) (build_eb_model)")
+        e("w_de", f"{P('w0')} + {P('wa')} * (1.0 - a)")
+        e("A_de", f"{P('rho_de0')} * M.exp(-(1.0 + 3.0 * ({P('w0')} + {P('wa')})) * x"
+                  f" + 3.0 * {P('wa')} * (a - 1.0))")
+        e("cs2_de", P("cs2_de"))
+        e("wA_de", f"1.0 + {P('w0')} - {P('wa')}")
+        e("wB_de", f"{P('wa')} * (2.0 - a)")
+        e("cB_de", "-a * cH / (2.0 - a)")
+        drho_terms.append(f"A_de * (wA_de * {Y('delta_de_A')} + wB_de * {Y('delta_de_B')})")
+        rpt_terms.append(f"A_de * (wA_de * {Y('theta_de_A')} + wB_de * {Y('theta_de_B')})")
     e.comment("Einstein equations (MB95 eq. 21a,b): k^2 eta - ℋh'/2 = -(3/2) a^2 drho~, "
               "k^2 eta' = (3/2) a^2 (rho~+p~) theta")
     e("dA_tot", " + ".join(drho_terms))
@@ -344,6 +378,15 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
         d["delta_de"] = (f"-opw_de * ({td} + 0.5 * h_prime) - 3.0 * (cs2_de - w_de) * cH * {dd}"
                          f" - 9.0 * opw_de * (cs2_de - ca2_de) * cH * cH * {td} / k2")
         d["theta_de"] = f"-(1.0 - 3.0 * cs2_de) * cH * {td} + cs2_de * k2 / opw_de * {dd}"
+    if de_at_lambda:
+        for u, c in (("A", None), ("B", "cB_de")):
+            dd, td = Y(f"delta_de_{u}"), Y(f"theta_de_{u}")
+            extra_t = f" + {c} / (3.0 * cH)" if c else ""
+            extra_d = f" - {c} * {dd}" if c else ""
+            d[f"delta_de_{u}"] = (f"-({td} + 0.5 * h_prime) - 3.0 * (cs2_de - w_de) * cH * {dd}"
+                                  f" - 9.0 * cH * cH / k2 * ((cs2_de - w_de){extra_t}) * {td}"
+                                  f"{extra_d}")
+            d[f"theta_de_{u}"] = f"-(1.0 - 3.0 * cs2_de) * cH * {td} + cs2_de * k2 * {dd}"
 
     assert set(d) == set(names), set(names) ^ set(d)
     head = ["def rhs(y, x, p, tab):",
@@ -392,7 +435,8 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
                    state_names=tuple(names), param_names=tuple(pnames),
                    table_columns=TABLE_COLUMNS, radiation_indices=radiation,
                    l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur,
-                   l_max_ncdm=l_max_ncdm, ncdm=ncdm, de_fluid=de_fluid, table_split=split)
+                   l_max_ncdm=l_max_ncdm, ncdm=ncdm, de_fluid=de_fluid, table_split=split,
+                   de_at_lambda=de_at_lambda)
 
 
 def _table_split(body, ret, tab_start, tab_end, pidx) -> _tables.TableSplit:

@@ -120,6 +120,13 @@ def adiabatic_initial_conditions(model: EBModel, p, tau, a):
         values["delta_de"] = -kt2 / 4.0 * (1.0 + w) * (4.0 - 3.0 * cs2) / (4.0 - 6.0 * w + 3.0 * cs2)
         values["theta_de"] = -k * kt3 / 4.0 * cs2 / (4.0 - 6.0 * w + 3.0 * cs2)
 
+    if model.de_at_lambda:   # δ̃ = δ_de/(1+w) and θ of the same attractor (build_eb_model)
+        w = p[pi("w0")] + p[pi("wa")] * (1.0 - a)
+        cs2 = p[pi("cs2_de")]
+        for u in ("A", "B"):
+            values[f"delta_de_{u}"] = -kt2 / 4.0 * (4.0 - 3.0 * cs2) / (4.0 - 6.0 * w + 3.0 * cs2)
+            values[f"theta_de_{u}"] = -k * kt3 / 4.0 * cs2 / (4.0 - 6.0 * w + 3.0 * cs2)
+
     zero = jnp.zeros((), dtype=jnp.result_type(float))
     return jnp.stack([jnp.asarray(values.get(name, zero), dtype=zero.dtype) + zero
                       for name in model.state_names])

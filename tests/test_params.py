@@ -98,9 +98,7 @@ def test_wcdm_example_config():
     (-1.1, 0.3, True),      # phantom today, quintessence early
     (-0.7, -0.9, True),     # DESI-like: crosses at a ~ 0.67
     (-0.9, 0.1, False), (-1.1, -0.1, False), (-0.9, -0.1, False),
-    (-1.0, 0.3, False),     # touches -1 only at a = 1 (not strictly opposite signs)
     (-0.8, -0.2, False),    # touches -1 only as a -> 0
-    (-1.0, 0.0, False),     # Lambda as a fluid
 ])
 def test_fluid_crossing_minus_one_is_rejected(w0, wa, crosses):
     cfg = patched("cosmology", w0_fld=w0, wa_fld=wa)
@@ -114,6 +112,15 @@ def test_fluid_crossing_minus_one_is_rejected(w0, wa, crosses):
         assert needle in msg, (needle, msg)
     a_cross = 1.0 + (w0 + 1.0) / wa
     assert f"a = {a_cross:.4g}" in msg and 0.0 < a_cross < 1.0
+
+
+@pytest.mark.parametrize("w0,wa,needle", [
+    (-1.0, 0.3, "reaches -1 today"),          # 1 + w = 0 at a = 1: the fluid equations divide by it
+    (-1.0, 0.0, "cosmological constant"),     # Λ written as a fluid
+])
+def test_fluid_at_minus_one_today_is_rejected(w0, wa, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(patched("cosmology", w0_fld=w0, wa_fld=wa))
 
 
 def test_dict_source_and_ln10As_equivalence():
