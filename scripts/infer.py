@@ -56,6 +56,8 @@ def build_parser():
     p.add_argument("--fisher", action="store_true", help="Fisher forecast")
     p.add_argument("--nuts", type=int, default=0, metavar="N", help="NUTS samples (numpyro)")
     p.add_argument("--warmup", type=int, default=None, help="NUTS warm-up steps (default N/2)")
+    p.add_argument("--max-tree-depth", type=int, default=None,
+                   help="NUTS max tree depth (default 6; 3 with --quick)")
     p.add_argument("--volume", type=float, default=4.0, help="survey volume [Gpc^3/h^3]")
     p.add_argument("--nbar", type=float, default=3e-4, help="number density [h^3/Mpc^3]")
     p.add_argument("--kmin", type=float, default=0.01, help="smallest k [h/Mpc]")
@@ -172,7 +174,8 @@ def nuts(fn, h, args, out_dir):
 
     warmup = args.warmup if args.warmup is not None else max(args.nuts // 2, 10)
     kernel = NUTS(model, init_strategy=numpyro.infer.init_to_value(
-        values={n: float(t) for n, t in zip(fn.parameters, theta0)}), max_tree_depth=6)
+        values={n: float(t) for n, t in zip(fn.parameters, theta0)}),
+        max_tree_depth=args.max_tree_depth or (3 if args.quick else 6))
     mcmc = MCMC(kernel, num_warmup=warmup, num_samples=args.nuts, progress_bar=False)
     t0 = time.perf_counter()
     mcmc.run(jax.random.PRNGKey(args.seed))
