@@ -23,3 +23,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop compiled programs after every test module.
+
+    The suite compiles hundreds of XLA CPU programs; kept alive by JAX's caches and by the
+    project's plan caches, their JIT-mapped code eventually exhausted the process (an abort in
+    XLA's compiler late in the full run, 2026-11-30). Each module starts from clean caches.
+    """
+    yield
+    from boltzmann import perturbations, pipeline
+    from solver import api, cuda_backend, sensitivity
+
+    api._PLANS.clear()
+    cuda_backend._PLANS.clear()
+    sensitivity.clear_caches()
+    pipeline._TABLE_FNS.clear()
+    perturbations._model_for.cache_clear()
+    perturbations._initial_states_fn.cache_clear()
+    jax.clear_caches()

@@ -10,6 +10,7 @@ without CLASS's ncdm fluid approximation (see tests/data/README.md).  Redshifts 
 about 4 CPU-minutes for both cosmologies on the 2-core machine (JIT compilation included).
 """
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,13 @@ def _spline_ref(k_ref, values, k):
     return np.exp(CubicSpline(np.log(k_ref), np.log(values))(np.log(k)))
 
 
-@pytest.fixture(scope="module", params=["wcdm_massless", "wcdm_heavy_nu"])
+#: the fluid with massless neutrinos (class_wcdm_massless_*) isolates the fluid; it passed on
+#: 2026-11-30 and is left out of the default run to keep CI within its time budget:
+#: WCDM_CASES=wcdm_massless,wcdm_heavy_nu python -m pytest tests/test_wcdm.py runs both
+_CASES = [c for c in os.environ.get("WCDM_CASES", "wcdm_heavy_nu").split(",") if c]
+
+
+@pytest.fixture(scope="module", params=_CASES)
 def case(request):
     name = request.param
     cfg = _config(name)
