@@ -57,7 +57,7 @@ K_ROWS = np.arange(0, 60, 8)
 @pytest.fixture(scope="module")
 def exact():
     k_ref, _ = _reference()
-    fn = PowerSpectrumFunction(_config(1e-8), k=k_ref[K_ROWS], n_chunks=1)
+    fn = PowerSpectrumFunction(_config(1e-7), k=k_ref[K_ROWS], n_chunks=1)
     return fn, fn.dlnpk()
 
 
@@ -75,21 +75,21 @@ def test_amplitude_and_tilt_are_exact(exact):
     """P ∝ A_s (k/k_pivot)^(n_s-1) T(k)^2 and T does not depend on A_s, n_s.
 
     The tangent ∂P/∂θ comes from the joint [y, S] solve and P from the plain solve (the custom_jvp
-    rule's primal); their steps differ, so the ratio is exact only to ~rtol (1e-8 here).
+    rule's primal); their steps differ, so the ratio is exact only to ~rtol (1e-7 here).
     """
     fn, d = exact
     i_as, i_ns = PARAMETERS.index("ln10^{10}A_s"), PARAMETERS.index("n_s")
-    np.testing.assert_allclose(d["dlnP_m"][0, :, i_as], 1.0, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(d["dlnP_m"][0, :, i_as], 1.0, rtol=0, atol=1e-6)
     np.testing.assert_allclose(d["dlnP_m"][0, :, i_ns], np.log(fn.k / 0.05), rtol=0,
-                               atol=1e-7 * np.abs(np.log(fn.k / 0.05)).max())
+                               atol=1e-6 * np.abs(np.log(fn.k / 0.05)).max())
 
 
 def test_jacobian_matches_finite_differences_of_our_code(exact):
     """∂ln P_m/∂θ vs central differences of the same function, to 1e-3 of each parameter's
     largest |∂ln P/∂θ| over 1e-3 <= k <= 1 h/Mpc.
 
-    FD: central 2-point stencil at rtol 1e-8, steps FD_STEP (~2e-3 of each parameter's scale):
-    truncation ~(step/scale)² ~ 1e-5 and solver noise ~1e-8/step ~ 1e-5 of the maxima.
+    FD: central 2-point stencil at rtol 1e-7, steps FD_STEP (~2e-3 of each parameter's scale):
+    truncation ~(step/scale)² ~ 1e-5 and solver noise ~1e-7/step ~ 1e-4 of the maxima.
     """
     fn, d = exact
     f = fn._jit_value
