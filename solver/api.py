@@ -157,15 +157,9 @@ class _Plan:
             def f(y, t, p, args):
                 return jnp.stack(jnp.broadcast_arrays(*rhs(y, t, p)))
         self.f = f
-        if sparsity is None:
-            from .sparsity import detect_sparsity
-            pattern = detect_sparsity(rhs, n, n_params, args=args_example) if has_args else \
-                detect_sparsity(rhs, n, n_params)
-        else:
-            from .sparsity import validate_pattern
-            pattern = validate_pattern(np.asarray(sparsity), n)
-        pattern = np.asarray(pattern, bool) | np.eye(n, dtype=bool)
-        self.pattern = pattern
+        from .sparsity import solver_pattern
+        self.pattern = pattern = solver_pattern(rhs, n, n_params, sparsity,
+                                                args_example if has_args else None)
         self.linear = build_linear_solver(pattern, method=linear_solver)
         self.jac, self.n_colors = _make_jacobian(rhs, has_args, pattern, self.linear)
         self.run = jax.jit(jax_backend.make_ensemble_solver(f, self.jac, self.linear, tab, ctrl,

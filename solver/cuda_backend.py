@@ -187,15 +187,9 @@ class _Plan:
         self.rhs, self.n, self.n_params, self.has_args = rhs, n, n_params, has_args
         self.split = table_split_of(rhs, args_example) if has_args else None
         self.split_checked = False
-        if sparsity is None:
-            from .sparsity import detect_sparsity
-            pattern = detect_sparsity(rhs, n, n_params, args=args_example) if has_args else \
-                detect_sparsity(rhs, n, n_params)
-        else:
-            from .sparsity import validate_pattern
-            pattern = validate_pattern(np.asarray(sparsity), n)
-        pattern = np.asarray(pattern, bool) | np.eye(n, dtype=bool)
-        self.pattern = pattern
+        from .sparsity import solver_pattern
+        self.pattern = pattern = solver_pattern(rhs, n, n_params, sparsity,
+                                                args_example if has_args else None)
         # the kernel always runs the compiled straight-line sparse LU (no pivoting; DESIGN §6)
         self.linear = build_linear_solver(pattern, method="sparse")
         if self.linear.source is None:

@@ -390,3 +390,14 @@ def validate_pattern(pattern, n: int) -> np.ndarray:
             raise ValueError("numeric pattern must contain only 0 and 1")
         pat = pat != 0
     return pat | np.eye(n, dtype=bool)
+
+
+def solver_pattern(rhs, n, n_params, sparsity=None, args=None) -> np.ndarray:
+    """The Jacobian pattern a solver plan uses: ``sparsity`` validated, or detected from ``rhs``
+    (with ``args`` when the rhs takes tables), plus the diagonal (W = I/(hγ) - J needs it)."""
+    if sparsity is None:
+        pattern = detect_sparsity(rhs, n, n_params, args=args) if args is not None else \
+            detect_sparsity(rhs, n, n_params)
+    else:
+        pattern = validate_pattern(np.asarray(sparsity), n)
+    return np.asarray(pattern, bool) | np.eye(n, dtype=bool)
