@@ -56,6 +56,7 @@ for memory.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -72,7 +73,8 @@ from .status import Status
 from .tableau import RODAS5P
 
 __all__ = ["solve", "solve_emulated", "jacobian_emulated", "CudaBackendUnavailable", "build_plan",
-           "table_split_of", "THREADS_PER_BLOCK"]
+           "table_split_of", "THREADS_PER_BLOCK", "solve_sensitivities", "sensitivity_emulated",
+           "build_sens_plan", "SensitivitySolution"]
 
 THREADS_PER_BLOCK = 32
 
@@ -173,6 +175,57 @@ def _check_split(rhs, split, y, t, p, args):
                          f"differs ({got.shape} vs {ref.shape} values)")
 
 
+def _load_module(source: str, stem: str, tag: str, owner: int):
+    """Import generated kernel text from a real file (``$BOLTZMANN_CUDA_CACHE`` or the temp dir,
+    named by its hash): numba's front end and tracebacks read the source through linecache.
+    Returns (module, path)."""
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("BOLTZMANN_CUDA_CACHE",
+                                Path(tempfile.gettempdir()) / "boltzmann_cuda_kernels"))
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{stem}_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    name = f"_{stem}_{tag}_{digest}_{owner}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod, str(path)
+
+
+def _bind_gpu(mod, plan, second_order: bool = False):
+    """Inject the numba-cuda-mlir / numba-enzyme-cuda globals a generated module expects (see
+    solver.cuda_codegen): ``cuda``, ``F64``, the device primal ``rhs`` (the table-free core with
+    tables), its Enzyme ``jvp_rhs``, with ``second_order`` also ``jvp2_rhs`` = jvp(jvp_rhs) (the
+    second-order sweep of the sensitivity kernel), and the table lookups.
+    Returns the ``cuda`` module."""
+    cuda, types, jvp = _cuda_modules()
+    f64 = types.float64
+    n, P = plan.n, plan.spec.n_params
+    if plan.split is not None:
+        # the differentiated primal is the table-free core; the lookups stay plain device
+        # functions reading the args array (outside Enzyme)
+        T = int(plan.split.n_tv)
+        rhs_dev = cuda.jit(device=True)(plan.split.core_device)
+        sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P),
+                                     types.UniTuple(f64, T))
+        mod.table_values = cuda.jit(device=True)(plan.split.lookup_device)
+        mod.table_values_dt = cuda.jit(device=True)(plan.split.lookup_dt_device)
+    else:
+        rhs_dev = cuda.jit(device=True)(plan.rhs)
+        sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P))
+    mod.cuda = cuda
+    mod.F64 = f64
+    mod.rhs = rhs_dev
+    mod.jvp_rhs = jvp(rhs_dev, signature=sig)
+    if second_order:
+        mod.jvp2_rhs = jvp(mod.jvp_rhs, signature=sig)
+    return cuda
+
+
 # --------------------------------------------------------------------------- the per-RHS plan
 class _Plan:
     """Structure, LU, colouring, kernel source and (lazily) the compiled kernel for one RHS."""
@@ -208,47 +261,15 @@ class _Plan:
 
     # -- module file: real file so inspect.getsource / numba's AST front end can read it
     def _module(self, tag: str):
-        digest = hashlib.sha1(self.source.encode()).hexdigest()[:16]
-        root = Path(os.environ.get("BOLTZMANN_CUDA_CACHE",
-                                    Path(tempfile.gettempdir()) / "boltzmann_cuda_kernels"))
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / f"rodas_kernel_{digest}.py"
-        if not path.exists() or path.read_text() != self.source:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(self.source)
-            os.replace(tmp, path)
-        name = f"_rodas_kernel_{tag}_{digest}_{id(self)}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-        self.module_path = str(path)
+        mod, self.module_path = _load_module(self.source, "rodas_kernel", tag, id(self))
         return mod
 
     def kernel(self):
         """The numba-cuda-mlir kernel (compiled at the first launch; compile time in info)."""
         if self._kernel is not None:
             return self._kernel
-        cuda, types, jvp = _cuda_modules()
         mod = self._module("gpu")
-        f64 = types.float64
-        n, P = self.n, self.spec.n_params
-        if self.split is not None:
-            # the differentiated primal is the table-free core; the lookups stay plain device
-            # functions reading the args array (outside Enzyme)
-            T = int(self.split.n_tv)
-            rhs_dev = cuda.jit(device=True)(self.split.core_device)
-            sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P),
-                                         types.UniTuple(f64, T))
-            mod.table_values = cuda.jit(device=True)(self.split.lookup_device)
-            mod.table_values_dt = cuda.jit(device=True)(self.split.lookup_dt_device)
-        else:
-            rhs_dev = cuda.jit(device=True)(self.rhs)
-            sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P))
-        mod.cuda = cuda
-        mod.F64 = f64
-        mod.rhs = rhs_dev
-        mod.jvp_rhs = jvp(rhs_dev, signature=sig)
+        cuda = _bind_gpu(mod, self)
         for name in ("_nmax", "_nmin", "_isfin", "wrms", "f_eval", "jac_eval", "lu_factor",
                      "lu_solve"):
             setattr(mod, name, cuda.jit(device=True)(getattr(mod, name)))
@@ -348,6 +369,11 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
                               t_end=t_end, sparsity=sparsity, error_weights=error_weights,
                               max_steps=max_steps, first_step=first_step,
                               linear_solver=linear_solver, controller=controller, tableau=tableau)
+    return _solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau)
+
+
+def _solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau):
+    """The plain kernel through a numba launch, on validated inputs (``_prepare``)."""
     plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                       max_steps=max_steps, controller=controller, tableau=tableau)
     _check_plan_split(plan, rhs, inp, args)
@@ -415,11 +441,7 @@ def _emulated_jvp(f_jax, P, n_tv):
     def sweeps(prim, dirs):
         return jax.vmap(lambda *d: jax.jvp(f, prim, d)[1])(*dirs)
 
-    def prim_of(a):
-        out = [np.asarray(a[0], np.float64), np.float64(a[1]), np.asarray(a[2], np.float64)[:P]]
-        if n_tv:
-            out.append(np.asarray(a[3], np.float64))
-        return out
+    prim_of = functools.partial(_emulated_group, P=P, n_tv=n_tv)
 
     def jvp_rhs(tg, *a):
         prim, dirs = a[:n_prim], a[n_prim:]
@@ -439,9 +461,49 @@ def _emulated_jvp(f_jax, P, n_tv):
     return jvp_rhs
 
 
-def _emulation_module(plan, rhs, P):
-    """The plan's kernel module with numpy/JAX stand-ins for cuda, Enzyme and the device RHS."""
-    mod = plan._module("emu")
+def _emulated_group(a, P, n_tv):
+    """One argument group (y, t, p[, tv]) of an Enzyme call as jax.jvp operands (copies: the
+    kernel reuses its local arrays)."""
+    out = [np.array(a[0], np.float64), np.float64(a[1]), np.array(a[2], np.float64)[:P]]
+    if n_tv:
+        out.append(np.array(a[3], np.float64))
+    return out
+
+
+def _emulated_jvp2(f_jax, P, n_tv):
+    """Nested ``jax.jvp`` in place of Enzyme's ``jvp(jvp(f))``, with its call layout for one
+    sweep: ``(out, x, d1, ox, od)`` -- four argument groups mirroring the primal's ``y, t, p[,
+    tv]``: the inner jvp's primal x and direction d1, then the outer direction on both; the
+    result is D²f[d1, ox] + Df[od] (numba_enzyme.cuda: ``_call_arities`` with depth 2)."""
+    import jax
+    import jax.numpy as jnp
+
+    k = 4 if n_tv else 3
+
+    def f(*a):
+        return jnp.stack([jnp.asarray(v, jnp.float64) for v in f_jax(*a)])
+
+    def level1(*xd):
+        return jax.jvp(f, xd[:k], xd[k:])[1]
+
+    @jax.jit
+    def second(x, d1, ox, od):
+        return jax.jvp(level1, tuple(x) + tuple(d1), tuple(ox) + tuple(od))[1]
+
+    def jvp2_rhs(tg, *a):
+        if len(a) != 4 * k:
+            raise TypeError(f"emulated jvp(jvp): {len(a)} arguments, the kernel uses one sweep "
+                            f"({4 * k})")
+        groups = [_emulated_group(a[g * k:(g + 1) * k], P, n_tv) for g in range(4)]
+        tg[:] = np.asarray(second(*[tuple(gr) for gr in groups]))
+
+    return jvp2_rhs
+
+
+def _emulation_module(plan, rhs, P, mod=None):
+    """The plan's kernel module (or ``mod``, another generated module of the same plan, e.g. the
+    sensitivity kernel's) with numpy/JAX stand-ins for cuda, Enzyme and the device RHS."""
+    mod = plan._module("emu") if mod is None else mod
     emu = _EmuCuda()
     mod.cuda = emu
     mod.F64 = np.float64
@@ -452,9 +514,11 @@ def _emulation_module(plan, rhs, P):
         mod.table_values = split.lookup_device
         mod.table_values_dt = split.lookup_dt_device
         mod.jvp_rhs = _emulated_jvp(split.core, P, int(split.n_tv))
+        mod.jvp2_rhs = _emulated_jvp2(split.core, P, int(split.n_tv))
     else:
         mod.rhs = (lambda y, t, p: rhs(y, t, p[:P])) if P else (lambda y, t, p: rhs(y, t, ()))
         mod.jvp_rhs = _emulated_jvp(rhs, P, 0)
+        mod.jvp2_rhs = _emulated_jvp2(rhs, P, 0)
     return mod, emu
 
 
@@ -469,6 +533,11 @@ def solve_emulated(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, 
     inp = _prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps,
                    first_step)
     table_split_of(rhs, args)
+    return _emulate_plain(rhs, inp, args, sparsity, max_steps, controller, tableau)
+
+
+def _emulate_plain(rhs, inp, args, sparsity, max_steps, controller, tableau):
+    """:func:`_solve_numba`'s emulated twin (same arguments): the plain kernel text on the CPU."""
     plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                       max_steps=max_steps, controller=controller, tableau=tableau)
     _check_plan_split(plan, rhs, inp, args)
@@ -510,3 +579,260 @@ def jacobian_emulated(rhs, y, t, params, *, args=None, sparsity=None):
         emu.thread = i
         mod.jac_kernel(y, t, pk, args_h, f, jv, dfdt, N)
     return f, jv, dfdt, plan
+
+
+# --------------------------------------------------------------------------- forward sensitivities
+class _SensPlan:
+    """The forward-sensitivity kernel of one plain plan (same pattern, LU, colours and spec; the
+    text from :func:`solver.cuda_codegen.generate_sens_kernel_source`), compiled lazily."""
+
+    def __init__(self, plain: _Plan):
+        from .cuda_codegen import generate_sens_kernel_source
+
+        self.plain = plain
+        self.source = generate_sens_kernel_source(plain.spec)
+        self._kernel = None
+        self.compile_s = None
+        self.module_path = None
+        self._lookup_p = None   # p columns the table lookup depends on (see _check_lookup_p)
+
+    def _module(self, tag: str):
+        mod, self.module_path = _load_module(self.source, "rodas_sens_kernel", tag, id(self))
+        return mod
+
+    def kernel(self):
+        """The numba-cuda-mlir sensitivity kernel (compiled at the first launch)."""
+        if self._kernel is not None:
+            return self._kernel
+        mod = self._module("gpu")
+        cuda = _bind_gpu(mod, self.plain, second_order=True)
+        for name in ("_nmax", "_nmin", "_isfin", "f_eval", "jac_eval", "lu_factor", "lu_solve",
+                     "wsq", "wrms_joint", "tan_eval", "hess_eval", "tan_dt_eval"):
+            setattr(mod, name, cuda.jit(device=True)(getattr(mod, name)))
+        self._kernel = cuda.jit(mod.sens_kernel)
+        self._cuda = cuda
+        return self._kernel
+
+
+_SENS_PLANS: dict = {}
+
+
+def build_sens_plan(rhs, n, n_params, *, args=None, sparsity=None, max_steps=100_000,
+                    controller=None, tableau=RODAS5P) -> _SensPlan:
+    """The cached sensitivity plan on top of :func:`build_plan`'s plain plan."""
+    plain = build_plan(rhs, n, n_params, args=args, sparsity=sparsity, max_steps=max_steps,
+                       controller=controller, tableau=tableau)
+    plan = _SENS_PLANS.get(id(plain))
+    if plan is None or plan.plain is not plain:
+        plan = _SensPlan(plain)
+        _SENS_PLANS[id(plain)] = plan
+    return plan
+
+
+class SensitivitySolution:
+    """Result of :func:`solve_sensitivities` / :func:`sensitivity_emulated`.
+
+    ys (N, ns, n): the states (from each trajectory's direction-0 thread); dys (m, N, ns, n): the
+    sensitivities s_d at the save times; status, t_final, n_accepted, n_rejected: (m, N), one per
+    thread (direction, trajectory); info: launch diagnostics.
+    """
+
+    def __init__(self, ys, dys, status, t_final, n_accepted, n_rejected, backend, info):
+        self.ys, self.dys, self.status, self.t_final = ys, dys, status, t_final
+        self.n_accepted, self.n_rejected = n_accepted, n_rejected
+        self.backend, self.info = backend, info
+
+    def trajectory_status(self) -> np.ndarray:
+        """(N,): OK where every direction of the trajectory finished, else the first failed
+        direction's status (a failed (i, d) fails trajectory i)."""
+        st = np.asarray(self.status)
+        bad = st != int(Status.OK)
+        first = np.argmax(bad, axis=0)
+        return np.where(bad.any(axis=0), st[first, np.arange(st.shape[1])], int(Status.OK))
+
+    def dys_or_nan(self) -> np.ndarray:
+        """dys with every direction NaN at the save times some direction of that trajectory did
+        not reach (as the JAX backend's joint solve of all directions at once reports)."""
+        dys = np.array(self.dys)
+        missing = np.any(np.isnan(dys), axis=(0, 3))          # (N, ns)
+        dys[:, missing] = np.nan
+        return dys
+
+
+def _sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol, sens_atol, sec,
+                 t0, t_end, error_weights, max_steps, first_step):
+    """Validated kernel inputs: the plain solve's (``_prepare``) plus the tangents.
+
+    s0 (m, N, n), dparams (m, N, P), dargs (m, *args.shape): any may be None (zero), at least
+    one gives m.  dparams is padded like params (P = 0 -> one dummy column); without a
+    differentiated table the kernel gets ONE all-zero tangent table (not m copies)."""
+    inp = _prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps,
+                   first_step)
+    N, n, P = inp["N"], inp["n"], inp["P"]
+    present = [np.asarray(x) for x in (s0, dparams, dargs) if x is not None]
+    if not present:
+        raise ValueError("sensitivities need at least one tangent (s0, dparams or dargs)")
+    m = int(present[0].shape[0])
+    if m < 1:
+        raise ValueError("sensitivities need at least one direction")
+    s0 = np.zeros((m, N, n)) if s0 is None else np.asarray(s0, np.float64)
+    if s0.shape != (m, N, n):
+        raise ValueError(f"s0 must have shape {(m, N, n)}, got {s0.shape}")
+    Pk = inp["params"].shape[1]
+    dp = np.zeros((m, N, Pk))
+    if dparams is not None and P:
+        dparams = np.asarray(dparams, np.float64)
+        if dparams.shape != (m, N, P):
+            raise ValueError(f"dparams must have shape {(m, N, P)}, got {dparams.shape}")
+        dp[:, :, :P] = dparams
+    if args is None:
+        if dargs is not None:
+            raise ValueError("dargs given without args")
+        da = np.zeros((1, 1))
+    else:
+        a = _args_array(args)
+        if dargs is None:
+            da = np.zeros((1,) + a.shape)
+        else:
+            da = np.asarray(dargs, np.float64)
+            if da.shape != (m,) + a.shape:
+                raise ValueError(f"dargs must have shape {(m,) + a.shape}, got {da.shape}")
+    if not (np.all(np.isfinite(s0)) and np.all(np.isfinite(dp)) and np.all(np.isfinite(da))):
+        raise ValueError("tangents contain non-finite values")
+    atol_s = inp["atol"] if sens_atol is None else np.ascontiguousarray(
+        np.broadcast_to(np.asarray(sens_atol, np.float64), (n,)))
+    if np.any(atol_s <= 0):
+        raise ValueError("sensitivity_atol must be positive")
+    inp.update(s0=np.ascontiguousarray(s0), dparams=np.ascontiguousarray(dp),
+               dargs=np.ascontiguousarray(da), atol_s=np.ascontiguousarray(atol_s, np.float64),
+               weights_s=np.ascontiguousarray(inp["weights"] if sec else np.zeros(n)), m=m)
+    return inp
+
+
+def _check_lookup_p(plan: _SensPlan, rhs, inp, args):
+    """The kernel's tangent table values are lookup(t, p, dargs_d): exact because the Hermite
+    lookup is linear in the table, but blind to the lookup's own dependence on p (for the EB
+    model: the grid's x_min and dx, constants of the table).  Finds those p columns once per plan
+    (jax.jacfwd of split.lookup at the first trajectory's start) and refuses a nonzero tangent
+    there rather than returning a wrong derivative."""
+    if plan.plain.split is None:
+        return
+    P = inp["P"]
+    if plan._lookup_p is None:
+        import jax
+        import jax.numpy as jnp
+
+        split = plan.plain.split
+        tab = jnp.asarray(_args_array(args))
+        t = float(inp["t0"][0])
+        J = jax.jacfwd(lambda p: jnp.stack([jnp.asarray(v, jnp.float64)
+                                            for v in split.lookup(t, p, tab)]))(
+            jnp.asarray(inp["params"][0, :P]))
+        plan._lookup_p = tuple(int(c) for c in np.nonzero(np.any(np.asarray(J) != 0, axis=0))[0])
+    cols = list(plan._lookup_p)
+    if cols and np.any(inp["dparams"][:, :, cols] != 0):
+        raise NotImplementedError(
+            f"backend='cuda' sensitivities: the table lookup depends on params columns {cols} "
+            "(table geometry) and their tangent is nonzero; the CUDA kernel does not "
+            "differentiate the lookup with respect to p. Use backend='jax'.")
+
+
+def _sens_outputs(inp):
+    N, n, m, ns = inp["N"], inp["n"], inp["m"], inp["t_save"].shape[1]
+    return dict(ys=np.full((N, ns, n), -12345.0), dys=np.full((m, N, ns, n), -12345.0),
+                t_out=np.zeros((m, N)), status=np.full((m, N), -7, np.int32),
+                n_accepted=np.zeros((m, N), np.int32), n_rejected=np.zeros((m, N), np.int32))
+
+
+def _sens_call_args(inp, args_h, out):
+    """The kernel's positional arguments in the order of cuda_codegen.SENS_KERNEL_ARGS."""
+    return (inp["y0"], inp["t0"], inp["t_end"], inp["t_save"], inp["params"], args_h, inp["s0"],
+            inp["dparams"], inp["dargs"], inp["rtol"], inp["atol"], inp["atol_s"],
+            inp["weights"], inp["weights_s"], inp["h0"], inp["n_weighted"], out["ys"],
+            out["dys"], out["t_out"], out["status"], out["n_accepted"], out["n_rejected"],
+            inp["N"], inp["m"])
+
+
+_SENS_DOC_ARGS = """
+    s0 (m, N, n), dparams (m, N, P), dargs (m, *args.shape): the m tangent directions (initial
+    sensitivities, parameter tangents, tangent tables; None = zero, at least one given).
+    sensitivity_error_control: True -> the error norm covers [y, s] (joint error² = RMS_y² +
+    RMS_s², the JAX backend's convention for one direction); False -> s has zero weight and every
+    thread takes exactly the plain solve's steps.  sensitivity_atol: atol of s (default atol).
+    Other arguments as :func:`solve`.  Returns a :class:`SensitivitySolution`."""
+
+
+def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs=None,
+                        args=None, rtol=1e-6, atol=1e-9, sensitivity_atol=None,
+                        sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
+                        error_weights=None, max_steps=100_000, first_step=None, controller=None,
+                        tableau=RODAS5P):
+    """Forward sensitivities on the GPU: one thread per (trajectory, direction), N·m threads,
+    thread g = i·m + d (a trajectory's directions share a warp: same tables row and parameters,
+    and without sensitivity error control identical step sequences, so no divergence)."""
+    table_split_of(rhs, args)
+    inp = _sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
+                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
+                       max_steps, first_step)
+    _cuda_modules()
+    plan = build_sens_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
+                           max_steps=max_steps, controller=controller, tableau=tableau)
+    _check_plan_split(plan.plain, rhs, inp, args)
+    _check_lookup_p(plan, rhs, inp, args)
+    kernel = plan.kernel()
+    cuda = plan._cuda
+    args_h = np.zeros(1) if args is None else _args_array(args)
+    host = _sens_outputs(inp)
+    dev_in = _sens_call_args(inp, args_h, host)
+    dev = [cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in dev_in]
+    dev[-2], dev[-1] = np.int64(inp["N"]), np.int64(inp["m"])
+    threads = inp["N"] * inp["m"]
+    blocks = (threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    first = plan.compile_s is None
+    t_launch = time.perf_counter()
+    kernel[blocks, THREADS_PER_BLOCK](*dev)
+    cuda.synchronize()
+    elapsed = time.perf_counter() - t_launch
+    if first:
+        plan.compile_s = elapsed
+    names = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
+    res = {k: dev[16 + j].copy_to_host() for j, k in enumerate(names)}
+    info = {"kernel_seconds": elapsed, "first_call_includes_compile": first, "threads": threads,
+            "directions": inp["m"], "kernel_module": plan.module_path,
+            "local_mem_per_thread": _kernel_attr(kernel, "get_local_mem_per_thread"),
+            "regs_per_thread": _kernel_attr(kernel, "get_regs_per_thread")}
+    return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
+                               res["n_accepted"], res["n_rejected"], "cuda", info)
+
+
+def sensitivity_emulated(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs=None,
+                         args=None, rtol=1e-6, atol=1e-9, sensitivity_atol=None,
+                         sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
+                         error_weights=None, max_steps=100_000, first_step=None,
+                         controller=None, tableau=RODAS5P):
+    """:func:`solve_sensitivities` with the generated kernel text run on the CPU, thread after
+    thread (numpy local arrays, jax.jvp / nested jax.jvp for Enzyme's jvp / jvp(jvp)).  Slow;
+    for tests of the kernel's logic where no GPU exists."""
+    table_split_of(rhs, args)
+    inp = _sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
+                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
+                       max_steps, first_step)
+    plan = build_sens_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
+                           max_steps=max_steps, controller=controller, tableau=tableau)
+    _check_plan_split(plan.plain, rhs, inp, args)
+    _check_lookup_p(plan, rhs, inp, args)
+    mod, emu = _emulation_module(plan.plain, rhs, inp["P"], plan._module("emu"))
+    args_h = np.zeros(1) if args is None else _args_array(args)
+    out = _sens_outputs(inp)
+    call = _sens_call_args(inp, args_h, out)
+    for g in range(inp["N"] * inp["m"]):
+        emu.thread = g
+        mod.sens_kernel(*call)
+    return SensitivitySolution(out["ys"], out["dys"], out["status"], out["t_out"],
+                               out["n_accepted"], out["n_rejected"], "cuda-emulated",
+                               {"threads": inp["N"] * inp["m"], "directions": inp["m"],
+                                "kernel_module": plan.module_path})
+
+
+solve_sensitivities.__doc__ += _SENS_DOC_ARGS
+sensitivity_emulated.__doc__ += _SENS_DOC_ARGS

@@ -43,8 +43,8 @@ import numpy as np
 
 from .status import Status
 
-__all__ = ["KernelSpec", "generate_kernel_source", "lu_source_to_out_form", "MAX_DIRECTIONS",
-           "KERNEL_ARGS"]
+__all__ = ["KernelSpec", "generate_kernel_source", "generate_sens_kernel_source",
+           "lu_source_to_out_form", "MAX_DIRECTIONS", "KERNEL_ARGS", "SENS_KERNEL_ARGS"]
 
 #: numba-enzyme-cuda accepts at most this many direction sets in one ``jvp`` call.
 MAX_DIRECTIONS = 8
@@ -52,6 +52,11 @@ MAX_DIRECTIONS = 8
 #: The kernel's positional arguments, in order (the backend and the emulator both use it).
 KERNEL_ARGS = ("y0", "t0", "t_end", "t_save", "params", "args", "rtol", "atol", "weights", "h0",
                "n_weighted", "ys", "t_out", "status", "n_accepted", "n_rejected", "n_traj")
+
+#: The sensitivity kernel's positional arguments (module docstring, "Sensitivity kernel").
+SENS_KERNEL_ARGS = ("y0", "t0", "t_end", "t_save", "params", "args", "s0", "dparams", "dargs",
+                    "rtol", "atol", "atol_s", "weights", "weights_s", "h0", "n_weighted", "ys",
+                    "dys", "t_out", "status", "n_accepted", "n_rejected", "n_traj", "n_dir")
 
 
 @dataclass(frozen=True)
@@ -202,73 +207,220 @@ def _emit_helpers(spec: KernelSpec) -> list[str]:
     return L
 
 
-def _emit_kernel(spec: KernelSpec) -> list[str]:
-    tab, ctrl = spec.tableau, spec.controller
-    n, P, S = spec.n, spec.n_params, tab.stages
-    k_ctrl = tab.embedded_order + 1.0
-    RUN, OK = int(Status.RUNNING), int(Status.OK)
-    L = ["def kernel(" + ", ".join(KERNEL_ARGS) + "):",
-         "    i = cuda.grid(1)",
-         "    if i >= n_traj:",
-         "        return",
-         f"    y = cuda.local.array({n}, F64)",
-         f"    y1 = cuda.local.array({n}, F64)",
-         f"    yi = cuda.local.array({n}, F64)",
-         f"    fi = cuda.local.array({n}, F64)",
-         f"    f0 = cuda.local.array({n}, F64)",
-         f"    dfdt = cuda.local.array({n}, F64)",
-         f"    kk = cuda.local.array(({S}, {n}), F64)",
-         f"    jv = cuda.local.array({spec.nslots}, F64)",
-         f"    w = cuda.local.array({spec.nslots}, F64)",
-         f"    lu = cuda.local.array({spec.nslots}, F64)",
-         f"    p = cuda.local.array({P}, F64)",
-         f"    for q in range({P}):",
-         "        p[q] = params[i, q]",
-         f"    for q in range({n}):",
-         "        y[q] = y0[i, q]",
-         "    t = t0[i]",
-         "    te = t_end[i]",
-         "    m = t_save.shape[1]",
-         "    # save times at or before t0 get y0; the others NaN until a step passes them",
-         "    js = 0",
-         "    for j in range(m):",
-         "        if t_save[i, j] <= t:",
-         f"            for q in range({n}):",
-         "                ys[i, j, q] = y[q]",
-         "            js = j + 1",
-         "        else:",
-         f"            for q in range({n}):",
-         "                ys[i, j, q] = math.nan",
-         # ---------------- initial step (HNW I, §II.4), as jax_backend.initial_step
-         "    span = te - t",
+def _zero_fill(name: str, size: int) -> list[str]:
+    """A local array of literal zeros (a direction the compiler can see folds, DESIGN §5)."""
+    return [f"    {name} = cuda.local.array({size}, F64)"] + \
+        [f"    {name}[{q}] = 0.0" for q in range(size)]
+
+
+def _table_locals(T: int, pairs) -> list[str]:
+    """Local copies of table lookups: ``pairs`` = ((local name, lookup call), ...); the lookups
+    run outside Enzyme (plain device functions reading an array)."""
+    L = []
+    for name, call in pairs:
+        L += [f"    {name}t = {call}", f"    {name} = cuda.local.array({T}, F64)"]
+        L += [f"    {name}[{q}] = {name}t[{q}]" for q in range(T)]
+    return L
+
+
+def _emit_sens_helpers(spec: KernelSpec) -> list[str]:
+    """Device functions of the sensitivity kernel (module docstring, "Sensitivity kernel").
+
+    * ``wsq`` / ``wrms_joint``: the error norm of z = [y, s] as the JAX backend's joint solve
+      weights it (each block's RMS, joint error² = sum of the blocks' RMS²; s weights zero
+      give exactly the plain norm);
+    * ``tan_eval``: s' = Df[(s, 0, dp, dtv)] -- one jvp;
+    * ``hess_eval``: H u = D²f[(s, 0, dp, dtv), (u, 0, 0, 0)] -- one jvp of jvp;
+    * ``tan_dt_eval``: ∂s'/∂t = D²f[(s, 0, dp, dtv), (0, 1, 0, tv')] + Df[(0, 0, 0, dtv')] --
+      one jvp of jvp (its second direction set carries the tangent table's t-derivative).
+
+    The jvp-of-jvp call layout (numba-enzyme-cuda ``jvp(jvp(f))``, one sweep): ``(out, x, d1,
+    ox, od)`` where x and d1 are the inner jvp's primal and direction (4 argument groups each
+    mirroring the primal's ``y, t, p[, tv]``) and (ox, od) the outer direction on both; the
+    result is D²f[d1, ox] + Df[od].
+    """
+    n, P, T = spec.n, spec.n_params, spec.n_tv
+    L = [
+        "def wsq(e, ya, yb, rtol, atol, wt):",
+        "    # the sum of squares of wrms (same loop, same rounding)",
+        "    acc = 0.0",
+        f"    for q in range({n}):",
+        "        sc = atol[q] + rtol * _nmax(abs(ya[q]), abs(yb[q]))",
+        "        r = wt[q] * e[q] / sc",
+        "        acc += r * r",
+        "    return acc",
+        "",
+        "def wrms_joint(ey, es, ya, yb, sa, sb, rtol, atol, atol_s, wt, wt_s, nw):",
+        "    return math.sqrt((wsq(ey, ya, yb, rtol, atol, wt) + wsq(es, sa, sb, rtol, atol_s, "
+        "wt_s)) / nw)",
+        "",
+    ]
+    tv_pairs = [("tv", "table_values(t, p, args)"), ("dtv", "table_values(t, p, da)")]
+    inner = "y, t, p, tv, s, 0.0, dp, dtv" if T else "y, t, p, s, 0.0, dp"
+    ztv = ", ztv" if T else ""
+    # s' (one jvp)
+    L += ["def tan_eval(y, s, t, p, dp, args, da, out):",
+          "    # s' = Df(y, t, p, tv)[(s, 0, dp, dtv)], dtv = the tangent table's values"]
+    if T:
+        L += _table_locals(T, tv_pairs)
+    L += [f"    jvp_rhs(out, {inner})", ""]
+    # H u (one jvp of jvp)
+    L += ["def hess_eval(y, s, u, t, p, dp, args, da, out):",
+          "    # H u = d/de [s'(y + e u, s)]: the joint Jacobian's (s, y) block times u"]
+    L += _zero_fill("zy", n) + _zero_fill("zp", P) + (_zero_fill("ztv", T) if T else [])
+    if T:
+        L += _table_locals(T, tv_pairs)
+    L += [f"    jvp2_rhs(out, {inner}, u, 0.0, zp{ztv}, zy, 0.0, zp{ztv})", ""]
+    # ∂s'/∂t (one jvp of jvp)
+    L += ["def tan_dt_eval(y, s, t, p, dp, args, da, out):",
+          "    # d s'/dt at fixed (y, s): through t, tv(t) and the tangent table dtv(t)"]
+    L += _zero_fill("zy", n) + _zero_fill("zp", P)
+    if T:
+        L += _table_locals(T, tv_pairs + [("tvdt", "table_values_dt(t, p, args)"),
+                                          ("dtvdt", "table_values_dt(t, p, da)")])
+        L += [f"    jvp2_rhs(out, {inner}, zy, 1.0, zp, tvdt, zy, 0.0, zp, dtvdt)", ""]
+    else:
+        L += [f"    jvp2_rhs(out, {inner}, zy, 1.0, zp, zy, 0.0, zp)", ""]
+    return L
+
+
+class _Names:
+    """What the kernel text calls things: the plain kernel and the sensitivity kernel (``sens``)
+    share every line of the Rodas algorithm; the sensitivity kernel adds the s-block lines and
+    indexes its per-thread outputs by (direction d, trajectory i)."""
+
+    def __init__(self, sens: bool):
+        self.sens = sens
+        self.out = "d, i" if sens else "i"   # index of t_out / status / step counters
+
+
+def _emit_kernel_head(spec: KernelSpec, nm: _Names) -> list[str]:
+    """Signature, thread index, local arrays, loads and the save times at or before t0."""
+    n, P, S = spec.n, spec.n_params, spec.tableau.stages
+    if nm.sens:
+        L = ["def sens_kernel(" + ", ".join(SENS_KERNEL_ARGS) + "):",
+             "    g = cuda.grid(1)",
+             "    if g >= n_traj * n_dir:",
+             "        return",
+             "    # thread g = (trajectory i, direction d): a trajectory's directions are adjacent",
+             "    i = g // n_dir",
+             "    d = g - i * n_dir",
+             "    # tangent tables: one per direction, or one all-zero table for every direction",
+             "    da = dargs[d if dargs.shape[0] == n_dir else 0]"]
+    else:
+        L = ["def kernel(" + ", ".join(KERNEL_ARGS) + "):",
+             "    i = cuda.grid(1)",
+             "    if i >= n_traj:",
+             "        return"]
+    L += [f"    y = cuda.local.array({n}, F64)",
+          f"    y1 = cuda.local.array({n}, F64)",
+          f"    yi = cuda.local.array({n}, F64)",
+          f"    fi = cuda.local.array({n}, F64)",
+          f"    f0 = cuda.local.array({n}, F64)",
+          f"    dfdt = cuda.local.array({n}, F64)",
+          f"    kk = cuda.local.array(({S}, {n}), F64)",
+          f"    jv = cuda.local.array({spec.nslots}, F64)",
+          f"    w = cuda.local.array({spec.nslots}, F64)",
+          f"    lu = cuda.local.array({spec.nslots}, F64)",
+          f"    p = cuda.local.array({P}, F64)"]
+    if nm.sens:
+        # s-block twins of y, y1, yi, fi, f0, dfdt, kk; hu = H u of a stage
+        L += [f"    {v} = cuda.local.array({n}, F64)" for v in ("s", "s1", "si", "gi", "g0",
+                                                                   "sdt", "hu")]
+        L += [f"    ks = cuda.local.array(({S}, {n}), F64)",
+              f"    dp = cuda.local.array({P}, F64)"]
+    L += [f"    for q in range({P}):",
+          "        p[q] = params[i, q]"]
+    if nm.sens:
+        L.append("        dp[q] = dparams[d, i, q]")
+    L += [f"    for q in range({n}):",
+          "        y[q] = y0[i, q]"]
+    if nm.sens:
+        L.append("        s[q] = s0[d, i, q]")
+    L += ["    t = t0[i]",
+          "    te = t_end[i]",
+          "    m = t_save.shape[1]",
+          "    # save times at or before t0 get y0; the others NaN until a step passes them",
+          "    js = 0",
+          "    for j in range(m):",
+          "        if t_save[i, j] <= t:"]
+    L += _emit_store(spec, nm, "            ", "ys[i, j, q] = y[q]", "dys[d, i, j, q] = s[q]")
+    L += ["            js = j + 1",
+          "        else:"]
+    L += _emit_store(spec, nm, "            ", "ys[i, j, q] = math.nan",
+                     "dys[d, i, j, q] = math.nan")
+    return L
+
+
+def _emit_store(spec: KernelSpec, nm: _Names, ind: str, y_stmt: str, s_stmt: str) -> list[str]:
+    """A loop storing one saved y row (the sensitivity kernel: ys from direction 0 only, every
+    direction its own dys row)."""
+    n = spec.n
+    if not nm.sens:
+        return [f"{ind}for q in range({n}):", f"{ind}    {y_stmt}"]
+    return [f"{ind}for q in range({n}):",
+            f"{ind}    if d == 0:",
+            f"{ind}        {y_stmt}",
+            f"{ind}    {s_stmt}"]
+
+
+def _norm(nm: _Names, ey: str, es: str, ya: str, yb: str, sa: str, sb: str) -> str:
+    """The error norm of a (y, s) pair: the plain RMS, or the joint one (module docstring)."""
+    if not nm.sens:
+        return f"wrms({ey}, {ya}, {yb}, rtol, atol, weights, n_weighted)"
+    return (f"wrms_joint({ey}, {es}, {ya}, {yb}, {sa}, {sb}, rtol, atol, atol_s, weights, "
+            "weights_s, n_weighted)")
+
+
+def _emit_initial_step(spec: KernelSpec, nm: _Names) -> list[str]:
+    """Initial step (HNW I, §II.4), as jax_backend.initial_step (of the joint system for sens)."""
+    n, tab = spec.n, spec.tableau
+    sens = nm.sens
+    L = ["    span = te - t",
          "    hh = h0[i]",
          "    if hh != hh:",
-         "        f_eval(y, t, p, args, f0)",
-         "        d0 = wrms(y, y, y, rtol, atol, weights, n_weighted)",
-         "        d1 = wrms(f0, y, y, rtol, atol, weights, n_weighted)",
-         "        if d0 < 1e-5 or d1 < 1e-5:",
-         "            hs = 1e-6",
-         "        else:",
-         "            hs = 0.01 * d0 / d1",
-         "        hs = _nmin(hs, span)",
-         f"        for q in range({n}):",
-         "            yi[q] = y[q] + hs * f0[q]",
-         "        f_eval(yi, t + hs, p, args, fi)",
-         f"        for q in range({n}):",
-         "            fi[q] = fi[q] - f0[q]",
-         "        d2 = wrms(fi, y, y, rtol, atol, weights, n_weighted) / hs",
-         "        dmax = _nmax(d1, d2)",
-         "        if dmax <= 1e-15:",
-         "            h1 = _nmax(1e-6, hs * 1e-3)",
-         "        else:",
-         f"            h1 = (0.01 / dmax) ** {_lit(1.0 / (tab.order + 1.0))}",
-         "        hh = _nmin(100.0 * hs, h1)",
-         "        if not (_isfin(hh) and hh > 0.0):",
-         "            hh = 1e-6 * span",
-         "        hh = _nmin(hh, span)",
-         "    else:",
-         "        hh = _nmin(hh, span)",
-         "    h = hh",
+         "        f_eval(y, t, p, args, f0)"]
+    if sens:
+        L.append("        tan_eval(y, s, t, p, dp, args, da, g0)")
+    L += [f"        d0 = {_norm(nm, 'y', 's', 'y', 'y', 's', 's')}",
+          f"        d1 = {_norm(nm, 'f0', 'g0', 'y', 'y', 's', 's')}",
+          "        if d0 < 1e-5 or d1 < 1e-5:",
+          "            hs = 1e-6",
+          "        else:",
+          "            hs = 0.01 * d0 / d1",
+          "        hs = _nmin(hs, span)",
+          f"        for q in range({n}):",
+          "            yi[q] = y[q] + hs * f0[q]"]
+    if sens:
+        L.append("            si[q] = s[q] + hs * g0[q]")
+    L.append("        f_eval(yi, t + hs, p, args, fi)")
+    if sens:
+        L.append("        tan_eval(yi, si, t + hs, p, dp, args, da, gi)")
+    L += [f"        for q in range({n}):",
+          "            fi[q] = fi[q] - f0[q]"]
+    if sens:
+        L.append("            gi[q] = gi[q] - g0[q]")
+    L += [f"        d2 = {_norm(nm, 'fi', 'gi', 'y', 'y', 's', 's')} / hs",
+          "        dmax = _nmax(d1, d2)",
+          "        if dmax <= 1e-15:",
+          "            h1 = _nmax(1e-6, hs * 1e-3)",
+          "        else:",
+          f"            h1 = (0.01 / dmax) ** {_lit(1.0 / (tab.order + 1.0))}",
+          "        hh = _nmin(100.0 * hs, h1)",
+          "        if not (_isfin(hh) and hh > 0.0):",
+          "            hh = 1e-6 * span",
+          "        hh = _nmin(hh, span)",
+          "    else:",
+          "        hh = _nmin(hh, span)"]
+    return L
+
+
+def _emit_step_matrix(spec: KernelSpec, nm: _Names) -> list[str]:
+    """Loop head, f/J/df/dt at a new point, W = I/(hγ) − J and its LU (shared by both blocks:
+    the joint W is [[W, 0], [−H, W]], so the s block needs no factorisation of its own)."""
+    tab = spec.tableau
+    RUN, OK = int(Status.RUNNING), int(Status.OK)
+    L = ["    h = hh",
          f"    st = {RUN} if te > t else {OK}",
          "    e1 = 1.0",
          "    e2 = 1.0",
@@ -283,50 +435,96 @@ def _emit_kernel(spec: KernelSpec) -> list[str]:
          "        if need_jac:",
          "            # f, J (slots) and df/dt at (y, t); unchanged after a rejection",
          "            f_eval(y, t, p, args, f0)",
-         "            jac_eval(y, t, p, args, jv, dfdt)",
-         "            need_jac = False",
-         f"        inv = 1.0 / (h * {_lit(tab.gamma)})",
-         f"        for s in range({spec.nslots}):",
-         "            w[s] = -jv[s]",
-         ]
-    for d in spec.diag_slots:
-        L.append(f"        w[{int(d)}] = w[{int(d)}] + inv")
+         "            jac_eval(y, t, p, args, jv, dfdt)"]
+    if nm.sens:
+        L += ["            # the s block's rhs and its t-derivative at (y, s, t)",
+              "            tan_eval(y, s, t, p, dp, args, da, g0)",
+              "            tan_dt_eval(y, s, t, p, dp, args, da, sdt)"]
+    L += ["            need_jac = False",
+          f"        inv = 1.0 / (h * {_lit(tab.gamma)})",
+          f"        for s in range({spec.nslots}):" if not nm.sens else
+          f"        for sl in range({spec.nslots}):",
+          "            w[s] = -jv[s]" if not nm.sens else "            w[sl] = -jv[sl]"]
+    for dg in spec.diag_slots:
+        L.append(f"        w[{int(dg)}] = w[{int(dg)}] + inv")
     L.append("        lu_factor(w, lu)")
-    # ---------------- stages, unrolled
+    return L
+
+
+def _emit_stages(spec: KernelSpec, nm: _Names) -> list[str]:
+    """The Rodas stages, unrolled with the tableau's literals (zero coefficients dropped).
+
+    Sensitivity kernel, per stage: the y solve as in the plain kernel (W k = r), then the s
+    block's exact staggered solve W k_s = r_s + H k (H k: one jvp of jvp at the step's start)."""
+    tab, n, S = spec.tableau, spec.n, spec.tableau.stages
+    sens = nm.sens
+    L = []
     for st in range(S):
         L.append(f"        # stage {st}")
         if st == 0:
-            src = "f0"
+            src, gsrc = "f0", "g0"
         else:
-            terms = [f"{_lit(tab.a[st, j])} * kk[{j}, q]" for j in range(st) if tab.a[st, j] != 0.0]
+            a = [(_lit(tab.a[st, j]), j) for j in range(st) if tab.a[st, j] != 0.0]
             L.append(f"        for q in range({n}):")
-            L.append("            yi[q] = y[q]" + "".join(f" + {t_}" for t_ in terms))
-            L.append(f"        f_eval(yi, t + {_lit(tab.c[st])} * h, p, args, fi)")
-            src = "fi"
-        extra = []
+            L.append("            yi[q] = y[q]" + "".join(f" + {c} * kk[{j}, q]" for c, j in a))
+            if sens:
+                L.append("            si[q] = s[q]" + "".join(f" + {c} * ks[{j}, q]"
+                                                            for c, j in a))
+            tc = f"t + {_lit(tab.c[st])} * h"
+            L.append(f"        f_eval(yi, {tc}, p, args, fi)")
+            if sens:
+                L.append(f"        tan_eval(yi, si, {tc}, p, dp, args, da, gi)")
+            src, gsrc = "fi", "gi"
         if tab.d[st] != 0.0:
-            extra.append(f"hd * dfdt[q]")
             L.append(f"        hd = h * {_lit(tab.d[st])}")
-        for j in range(st):
-            if tab.C[st, j] != 0.0:
-                extra.append(f"({_lit(tab.C[st, j])} / h) * kk[{j}, q]")
+
+        def rhs_terms(kname, dname):
+            terms = ["hd * " + dname + "[q]"] if tab.d[st] != 0.0 else []
+            return terms + [f"({_lit(tab.C[st, j])} / h) * {kname}[{j}, q]" for j in range(st)
+                            if tab.C[st, j] != 0.0]
+
         L.append(f"        for q in range({n}):")
-        L.append(f"            yi[q] = {src}[q]" + "".join(f" + {e}" for e in extra))
+        L.append(f"            yi[q] = {src}[q]" + "".join(f" + {e}"
+                                                           for e in rhs_terms("kk", "dfdt")))
         L.append("        lu_solve(lu, yi, fi)")
         L.append(f"        for q in range({n}):")
         L.append(f"            kk[{st}, q] = fi[q]")
-    # ---------------- solution, error estimate
-    bt = [f"{_lit(tab.b[j])} * kk[{j}, q]" for j in range(S) if tab.b[j] != 0.0]
-    et = [f"{_lit(tab.e[j])} * kk[{j}, q]" for j in range(S) if tab.e[j] != 0.0]
-    L += [f"        for q in range({n}):",
-          "            y1[q] = y[q]" + "".join(f" + {t_}" for t_ in bt),
-          "            yi[q] = " + (" + ".join(et) if et else "0.0"),
-          "        err = wrms(yi, y, y1, rtol, atol, weights, n_weighted)",
+        if sens:
+            L += ["        hess_eval(y, s, fi, t, p, dp, args, da, hu)",
+                  f"        for q in range({n}):",
+                  f"            si[q] = {gsrc}[q]" + "".join(f" + {e}" for e in
+                                                          rhs_terms("ks", "sdt")) + " + hu[q]",
+                  "        lu_solve(lu, si, gi)",
+                  f"        for q in range({n}):",
+                  f"            ks[{st}, q] = gi[q]"]
+    return L
+
+
+def _emit_error_control(spec: KernelSpec, nm: _Names) -> list[str]:
+    """New solution, embedded error, accept/reject and the PID factor (literal exponents)."""
+    tab, ctrl, n, S = spec.tableau, spec.controller, spec.n, spec.tableau.stages
+    k_ctrl = tab.embedded_order + 1.0
+    b = [(_lit(tab.b[j]), j) for j in range(S) if tab.b[j] != 0.0]
+    e = [(_lit(tab.e[j]), j) for j in range(S) if tab.e[j] != 0.0]
+
+    def comb(coefs, kname):
+        return " + ".join(f"{c} * {kname}[{j}, q]" for c, j in coefs) if coefs else "0.0"
+
+    L = [f"        for q in range({n}):",
+         "            y1[q] = y[q]" + "".join(f" + {c} * kk[{j}, q]" for c, j in b),
+         "            yi[q] = " + comb(e, "kk")]
+    if nm.sens:
+        L += ["            s1[q] = s[q]" + "".join(f" + {c} * ks[{j}, q]" for c, j in b),
+              "            si[q] = " + comb(e, "ks")]
+    L += [f"        err = {_norm(nm, 'yi', 'si', 'y', 'y1', 's', 's1')}",
           "        finite = _isfin(err)",
           f"        for q in range({n}):",
           "            if not _isfin(y1[q]):",
-          "                finite = False",
-          "        accept = finite and err <= 1.0",
+          "                finite = False"]
+    if nm.sens:
+        L += ["            if not _isfin(s1[q]):",
+              "                finite = False"]
+    L += ["        accept = finite and err <= 1.0",
           "        err_s = _nmax(err if finite else 1.0, 1e-10)"]
     # PID factor with literal exponents; a zero exponent gives exactly 1.0, so it is dropped
     fac = [_lit(ctrl.safety)]
@@ -342,27 +540,55 @@ def _emit_kernel(spec: KernelSpec) -> list[str]:
           "        else:",
           f"            fac = {_lit(ctrl.factor_min)}",
           "        h_new = h * fac",
-          f"        dt_min = {_lit(ctrl.dt_min_rel)} * _nmax(abs(t), 1.0)",
-          "        if accept:",
-          "            # dense output for the save times this step passed",
-          "            while js < m and (t_save[i, js] <= t + h or last):",
-          "                th = (t_save[i, js] - t) / h",
-          "                om = 1.0 - th"]
+          f"        dt_min = {_lit(ctrl.dt_min_rel)} * _nmax(abs(t), 1.0)"]
+    return L
+
+
+def _emit_dense_output(spec: KernelSpec, nm: _Names) -> list[str]:
+    """Dense output at the save times an accepted step passed (the method's own interpolant)."""
+    tab, n, S = spec.tableau, spec.n, spec.tableau.stages
     H = tab.H
-    L += [f"                for q in range({n}):"]
-    for r in range(H.shape[0]):
-        terms = [f"{_lit(H[r, j])} * kk[{j}, q]" for j in range(S) if H[r, j] != 0.0]
-        L.append(f"                    c{r} = " + (" + ".join(terms) if terms else "0.0"))
-    L += ["                    ys[i, js, q] = om * y[q] + th * (y1[q] + om * (c0 + th * (c1 + "
-          "th * c2)))",
-          "                js += 1",
-          "            if last:",
-          "                t = te",
-          "            else:",
-          "                t = t + h",
-          f"            for q in range({n}):",
-          "                y[q] = y1[q]",
-          "            nacc += 1",
+    if H.shape[0] != 3:
+        raise ValueError("the dense-output formula needs exactly 3 H rows")
+
+    def block(kname, ind):
+        out = []
+        for r in range(H.shape[0]):
+            terms = [f"{_lit(H[r, j])} * {kname}[{j}, q]" for j in range(S) if H[r, j] != 0.0]
+            out.append(f"{ind}c{r} = " + (" + ".join(terms) if terms else "0.0"))
+        return out
+
+    interp = "om * {0}[q] + th * ({1}[q] + om * (c0 + th * (c1 + th * c2)))"
+    L = ["            # dense output for the save times this step passed",
+         "            while js < m and (t_save[i, js] <= t + h or last):",
+         "                th = (t_save[i, js] - t) / h",
+         "                om = 1.0 - th"]
+    if not nm.sens:
+        L += [f"                for q in range({n}):"] + block("kk", "                    ")
+        L += ["                    ys[i, js, q] = " + interp.format("y", "y1")]
+    else:
+        L += ["                if d == 0:",
+              f"                    for q in range({n}):"] + block("kk", "                        ")
+        L += ["                        ys[i, js, q] = " + interp.format("y", "y1"),
+              f"                for q in range({n}):"] + block("ks", "                    ")
+        L += ["                    dys[d, i, js, q] = " + interp.format("s", "s1")]
+    L.append("                js += 1")
+    return L
+
+
+def _emit_advance(spec: KernelSpec, nm: _Names) -> list[str]:
+    """Accept (advance t, y[, s]) or reject; statuses; the per-thread results."""
+    n = spec.n
+    OK, RUN = int(Status.OK), int(Status.RUNNING)
+    L = ["            if last:",
+         "                t = te",
+         "            else:",
+         "                t = t + h",
+         f"            for q in range({n}):",
+         "                y[q] = y1[q]"]
+    if nm.sens:
+        L.append("                s[q] = s1[q]")
+    L += ["            nacc += 1",
           "            e2 = e1",
           "            e1 = err_s",
           "            need_jac = True",
@@ -375,14 +601,22 @@ def _emit_kernel(spec: KernelSpec) -> list[str]:
           "        h = h_new",
           f"        if st == {RUN} and nacc + nrej >= {int(spec.max_steps)}:",
           f"            st = {int(Status.MAX_STEPS)}",
-          "    t_out[i] = t",
-          "    status[i] = st",
-          "    n_accepted[i] = nacc",
-          "    n_rejected[i] = nrej",
+          f"    t_out[{nm.out}] = t",
+          f"    status[{nm.out}] = st",
+          f"    n_accepted[{nm.out}] = nacc",
+          f"    n_rejected[{nm.out}] = nrej",
           ""]
-    if H.shape[0] != 3:
-        raise ValueError("the dense-output formula needs exactly 3 H rows")
     return L
+
+
+def _emit_kernel(spec: KernelSpec, sens: bool = False) -> list[str]:
+    """The ensemble kernel: one trajectory per thread (``kernel``), or, with ``sens``, one
+    (trajectory, sensitivity direction) per thread integrating z = [y, s] (``sens_kernel``)."""
+    nm = _Names(sens)
+    return (_emit_kernel_head(spec, nm) + _emit_initial_step(spec, nm)
+            + _emit_step_matrix(spec, nm) + _emit_stages(spec, nm)
+            + _emit_error_control(spec, nm) + ["        if accept:"]
+            + _emit_dense_output(spec, nm) + _emit_advance(spec, nm))
 
 
 def _emit_jac_kernel(spec: KernelSpec) -> list[str]:
@@ -432,6 +666,32 @@ def generate_kernel_source(spec: KernelSpec) -> str:
             '"""',
             "import math", ""]
     body = _emit_helpers(spec) + _emit_kernel(spec) + _emit_jac_kernel(spec)
+    return "\n".join(head) + "\n" + lu_source_to_out_form(spec.lu_source) + "\n\n" + \
+        "\n".join(body) + "\n"
+
+
+def generate_sens_kernel_source(spec: KernelSpec) -> str:
+    """The sensitivity module's text: LU, ``f_eval``/``jac_eval``, the s-block helpers and
+    ``sens_kernel`` (module docstring, "Sensitivity kernel").  Same spec as the plain kernel:
+    the y block is the plain kernel's arithmetic line for line."""
+    if spec.n_params < 1:
+        raise ValueError("n_params must be >= 1 (pad P = 0 with a dummy parameter)")
+    if spec.has_args and spec.n_tv < 1:
+        raise ValueError("args reach the kernel only as tables through a TableSplit (n_tv >= 1)")
+    tables = ("dargs: (m or 1, *args.shape) tangent tables (one all-zero table when the tables "
+              "are not differentiated); dtv = table_values(t, p, dargs[d]).") if spec.n_tv else \
+        "args, dargs: unused float64 dummies of shapes (1,) and (1, 1)."
+    head = [f'"""Generated Rodas forward-sensitivity kernel: n={spec.n}, P={spec.n_params}, '
+            f'nslots={spec.nslots}, colours={spec.n_colors}, tableau={spec.tableau.name}.',
+            "",
+            "sens_kernel(" + ", ".join(SENS_KERNEL_ARGS) + "):",
+            "one (trajectory i, direction d) per thread, g = i * n_dir + d, integrating z = [y, s]",
+            "with s' = Df(y, t, p, tv)[(s, 0, dp, dtv)]; the joint W = [[W, 0], [-H, W]] is solved",
+            "exactly, staggered: W k = r, then W k_s = r_s + H k (H k by one jvp of jvp).",
+            tables,
+            '"""',
+            "import math", ""]
+    body = _emit_helpers(spec) + _emit_sens_helpers(spec) + _emit_kernel(spec, sens=True)
     return "\n".join(head) + "\n" + lu_source_to_out_form(spec.lu_source) + "\n\n" + \
         "\n".join(body) + "\n"
 

@@ -1,4 +1,4 @@
-"""Exact derivatives through the ensemble solve by forward sensitivities (DESIGN §8), JAX backend.
+"""Exact derivatives through the ensemble solve by forward sensitivities (DESIGN §8).
 
 ``solve_diff(rhs, y0, t_save, params, args=...)`` returns the saved states ``ys`` (N, m_save, n)
 like ``solve(...).ys`` and is differentiable with ``jax.jvp``, ``jax.jacfwd``, ``jax.grad``,
@@ -43,8 +43,20 @@ How (details and measurements in docs/gradients.md):
 * Second derivatives (jvp of the tangent primitive) are not implemented.
 
 The augmented rhs is a Python closure that slices ``z`` and ``p`` with literal ranges and returns a
-tuple — fine for the JAX backend; the CUDA backend will need a generated literal-index form of it
-(DESIGN §3/§7) before it can run sensitivities.
+tuple — the JAX backend's form.
+
+CUDA backend (``backend="cuda"``, or ``"auto"`` where CUDA is available): the primal is the plain
+CUDA kernel and the tangent primitive's implementation is the generated sensitivity kernel of
+:mod:`solver.cuda_backend` (``solve_sensitivities``): one GPU thread per (trajectory, direction),
+each integrating ``[y, s_d]`` with the exact joint Jacobian (staggered stage solves, H·u by
+Enzyme's ``jvp(jvp(f))``; docs/gradients.md, "CUDA backend").  Both run as host callbacks
+(``jax.pure_callback``: a numba launch on copies of the operands), so they work eagerly, under
+``jit`` and ``vmap`` (sequentially); batching, transposition and contraction are the same code as
+for the JAX backend.  With ``sensitivity_error_control`` each thread controls RMS_y² + RMS_s² of
+its own direction (the JAX joint solve of m directions controls RMS_y² + Σ_d RMS_s_d²), so the two
+backends take different steps and agree to the tolerance, not to rounding.  ``args`` must be one
+array read through ``rhs.table_split`` (as for ``solve(..., backend="cuda")``); the tangent
+tables enter linearly (Hermite lookup is linear in the table).
 """
 from __future__ import annotations
 
@@ -64,10 +76,19 @@ except ImportError:  # pragma: no cover
 
 from . import api
 from .controller import PIDController
+from .cuda_backend import CudaBackendUnavailable
 from .sparsity import detect_sparsity
 from .tableau import RODAS5P
 
-__all__ = ["solve_diff", "joint_solve", "grad_by_forward_mode", "COUNTERS", "clear_caches"]
+__all__ = ["solve_diff", "joint_solve", "grad_by_forward_mode", "COUNTERS", "clear_caches",
+           "CudaSensitivityUnavailable"]
+
+
+class CudaSensitivityUnavailable(CudaBackendUnavailable, ValueError):
+    """``solve_diff(backend="cuda")`` where the CUDA backend cannot run: the
+    :class:`~solver.cuda_backend.CudaBackendUnavailable` that ``solve`` raises, with its reason;
+    also a ValueError, which is what ``solve_diff`` raised for any backend but "jax" before the
+    CUDA sensitivities existed (callers catching that keep working)."""
 
 #: How often the joint (sensitivity) system was built / run eagerly; tests use it to prove that an
 #: undifferentiated call never touches it.  ``joint_traces`` counts every trace of the joint solve
@@ -85,8 +106,10 @@ class _Config:
     """Static settings of one differentiable solve; hashable by identity (cached in _CONFIGS)."""
 
     def __init__(self, rhs, n, P, has_args, treedef, leaf_meta, rtol, atol, weights, sens_atol,
-                 sec, max_steps, sparsity, linear_solver, tableau, ctrl, first_step, jacobian):
+                 sec, max_steps, sparsity, linear_solver, tableau, ctrl, first_step, jacobian,
+                 backend="jax"):
         self.rhs, self.n, self.P, self.has_args = rhs, n, P, has_args
+        self.backend = backend                                  # "jax" | "cuda" (resolved)
         self.treedef, self.leaf_meta = treedef, leaf_meta       # leaf_meta: ((shape, dtype), ...)
         self.rtol = float(rtol)
         self.atol = np.asarray(atol, np.float64)
@@ -120,9 +143,7 @@ def _config(rhs, n, P, args, rtol, atol, error_weights, sens_atol, sec, max_step
     unknown = set(kw) - set(_SOLVE_KWARGS)
     if unknown:
         raise TypeError(f"solve_diff got unexpected keyword arguments {sorted(unknown)}")
-    if kw.get("backend", "jax") != "jax":
-        raise ValueError("solve_diff supports only backend='jax' for now (the CUDA backend needs a "
-                         "generated literal-index augmented rhs)")
+    backend = _resolve_backend(kw.get("backend", "jax"), kw.get("_jacobian", "exact"))
     if not (0 < rtol < 1):
         raise ValueError(f"rtol must be in (0, 1), got {rtol}")
     atol_a = np.asarray(atol, np.float64)
@@ -150,19 +171,54 @@ def _config(rhs, n, P, args, rtol, atol, error_weights, sens_atol, sec, max_step
         raise ValueError("solve_diff: first_step must be a scalar")
     leaves, treedef = jax.tree_util.tree_flatten(args)
     leaf_meta = tuple((tuple(np.shape(x)), np.dtype(jnp.result_type(x))) for x in leaves)
+    if backend == "cuda":
+        _check_cuda_args(rhs, args, leaf_meta)
     ctrl = kw.get("controller") or PIDController()
     tab = kw.get("tableau", RODAS5P)
     jacobian = kw.get("_jacobian", "exact")
     key = (rhs, n, P, args is not None, treedef, leaf_meta, float(rtol), atol_a.tobytes(),
            w.tobytes(), sa.tobytes(), bool(sec), int(max_steps),
            None if sp is None else sp.tobytes(), kw.get("linear_solver", "auto"), tab.name, ctrl,
-           fs_key, jacobian)
+           fs_key, jacobian, backend)
     cfg = _CONFIGS.get(key)
     if cfg is None:
         cfg = _Config(rhs, n, P, args is not None, treedef, leaf_meta, rtol, atol_a, w, sa, sec,
-                      max_steps, sp, kw.get("linear_solver", "auto"), tab, ctrl, fs_key, jacobian)
+                      max_steps, sp, kw.get("linear_solver", "auto"), tab, ctrl, fs_key, jacobian,
+                      backend)
         _CONFIGS[key] = cfg
     return cfg
+
+
+def _resolve_backend(backend, jacobian):
+    """"jax" or "cuda" ("auto": CUDA where available); "cuda" where it cannot run raises
+    :class:`CudaSensitivityUnavailable` with the reason."""
+    if backend not in api.BACKENDS:
+        raise ValueError(f"backend must be one of {api.BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        from . import backends
+        backend = backends.pick_backend()
+    if backend == "cuda":
+        from . import cuda_backend
+        try:
+            cuda_backend._cuda_modules()
+        except CudaBackendUnavailable as exc:
+            raise CudaSensitivityUnavailable(str(exc)) from exc
+        if jacobian != "exact":
+            raise ValueError("_jacobian='block_diagonal' is a JAX-backend diagnostic")
+    return backend
+
+
+def _check_cuda_args(rhs, args, leaf_meta):
+    """backend='cuda' reads tables through rhs.table_split: args must be ONE numeric array
+    (checked on its shape and dtype only: args may be a tracer here)."""
+    if args is None:
+        return
+    from .cuda_backend import table_split_of
+    if len(leaf_meta) != 1:
+        raise TypeError("backend='cuda': args must be one numeric array (the tables, read through "
+                        f"rhs.table_split), got a pytree with {len(leaf_meta)} leaves")
+    shape, dtype = leaf_meta[0]
+    table_split_of(rhs, np.zeros(shape, dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,6 +246,35 @@ def _abstract(args):
 
 def _h0(cfg, N):
     return jnp.full((N,), jnp.nan if cfg.first_step is None else cfg.first_step, jnp.float64)
+
+
+def _primal_ys(cfg, y0, params, args, ts, t0, te):
+    """The undifferentiated solve's ys on the configuration's backend."""
+    if cfg.backend == "cuda":
+        return _cuda_plain_ys(cfg, y0, params, args, ts, t0, te)
+    return _plain_solve(cfg, y0, params, args, ts, t0, te).ys
+
+
+def _cuda_table(cfg, args):
+    """The one table array the CUDA kernels read (a 1-element dummy without args)."""
+    return jax.tree_util.tree_leaves(args)[0] if cfg.has_args else jnp.zeros(1)
+
+
+def _cuda_plain_ys(cfg, y0, params, args, ts, t0, te):
+    """The plain CUDA kernel as a host callback (a numba launch; eager, jit and vmap)."""
+    N, ns = ts.shape
+
+    def host(y0, params, tab, ts, t0, te):
+        from . import cuda_backend as cb
+        inp = cb._prepare(y0, ts, params, cfg.rtol, cfg.atol, t0, te, cfg.weights,
+                          cfg.max_steps, cfg.first_step)
+        sol = cb._solve_numba(cfg.rhs, inp, tab if cfg.has_args else None, cfg.sparsity,
+                              cfg.max_steps, cfg.ctrl, cfg.tableau)
+        return np.asarray(sol.ys, np.float64)
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((N, ns, cfg.n), jnp.float64), y0,
+                             params, _cuda_table(cfg, args), ts, t0, te,
+                             vmap_method="sequential")
 
 
 def _plain_solve(cfg, y0, params, args, ts, t0, te):
@@ -348,9 +433,40 @@ def _unpack_tangents(mask, tans):
     return dy0, dp, tuple(tans[i:])
 
 
+def _cuda_tangent(cfg, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
+    """The tangent (m, N, ns, n) from the CUDA sensitivity kernel (host callback): N·m threads,
+    one per (trajectory, direction); a trajectory with a failed direction is NaN at the save
+    times that direction did not reach, in every direction (``dys_or_nan``)."""
+    COUNTERS["joint_traces"] += 1
+    present = [x for x in (dy0, dp) if x is not None] + list(dargs)
+    m = present[0].shape[0]
+    N, n = y0.shape
+    ns = ts.shape[1]
+    s0 = jnp.zeros((m, N, n)) if dy0 is None else jnp.asarray(dy0, jnp.float64)
+    dpp = jnp.zeros((m, N, cfg.P)) if dp is None else jnp.asarray(dp, jnp.float64)
+    ops = [y0, params, _cuda_table(cfg, leaves), ts, t0, te, s0, dpp]
+    ops += [jnp.asarray(d, jnp.float64) for d in dargs]   # at most the one table leaf
+
+    def host(y0, params, tab, ts, t0, te, s0, dp, *da):
+        from . import cuda_backend as cb
+        sol = cb.solve_sensitivities(
+            cfg.rhs, y0, ts, params, s0=s0, dparams=dp if cfg.P else None,
+            dargs=da[0] if da else None, args=tab if cfg.has_args else None, rtol=cfg.rtol,
+            atol=cfg.atol, sensitivity_atol=cfg.sens_atol, sensitivity_error_control=cfg.sec,
+            t0=t0, t_end=te, sparsity=cfg.sparsity, error_weights=cfg.weights,
+            max_steps=cfg.max_steps, first_step=cfg.first_step, controller=cfg.ctrl,
+            tableau=cfg.tableau)
+        return sol.dys_or_nan()
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64), *ops,
+                             vmap_method="sequential")
+
+
 def _tangent_impl(*operands, cfg, mask):
     y0, params, leaves, ts, t0, te, tans = _split(operands, len(cfg.leaf_meta))
     dy0, dp, dargs = _unpack_tangents(mask, tans)
+    if cfg.backend == "cuda":
+        return _cuda_tangent(cfg, y0, params, leaves, ts, t0, te, dy0, dp, dargs)
     res, m = _joint_run(cfg, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs)
     N, ns = y0.shape[0], res.ys.shape[1]
     n = cfg.n
@@ -502,7 +618,7 @@ def _diff_fn(cfg):
 
     @jax.custom_jvp
     def f(y0, params, args, ts, t0, te):
-        return _plain_solve(cfg, y0, params, args, ts, t0, te).ys
+        return _primal_ys(cfg, y0, params, args, ts, t0, te)
 
     @functools.partial(f.defjvp, symbolic_zeros=True)
     def f_jvp(primals, tangents):
@@ -576,7 +692,8 @@ def solve_diff(rhs: Callable, y0, t_save, params, *, args=None, rtol: float = 1e
     """Differentiable ensemble solve: returns ``ys`` (N, m_save, n), as ``solve(...).ys``.
 
     Same arguments as :func:`solver.solve` (``sparsity``, ``linear_solver``, ``controller``,
-    ``tableau``, ``first_step`` pass through; backend must be "jax").  Differentiable w.r.t. ``y0``
+    ``tableau``, ``first_step`` pass through; ``backend`` "jax" (default), "cuda" or "auto":
+    see the module docstring for the CUDA backend).  Differentiable w.r.t. ``y0``
     (N, n), ``params`` (N, P) and the float leaves of ``args`` with jvp/jacfwd/grad/jacrev/vjp;
     t_save, t0, t_end are not differentiated.  ``rtol``, ``atol``, ``error_weights`` must be
     concrete (they are compile-time settings).
@@ -621,12 +738,35 @@ def joint_solve(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None, da
     dp = None if not mask[1] else jnp.asarray(dparams, jnp.float64)
     if dy0 is None and dp is None and not dl:
         raise ValueError("joint_solve needs at least one tangent (dy0, dparams or dargs)")
+    if cfg.backend == "cuda":
+        return _cuda_joint_solve(cfg, y0, params, args, ts, t0a, tea, dy0, dp, dl)
     res, m = _joint_run(cfg, mask, y0, params, leaves, ts, t0a, tea, dy0, dp, tuple(dl))
     N, ns, n = y0.shape[0], res.ys.shape[1], cfg.n
     dys = jnp.moveaxis(res.ys[:, :, n:].reshape(N, ns, m, n), 2, 0)
     info = {"status": np.asarray(res.status), "n_accepted": np.asarray(res.n_accepted),
             "n_rejected": np.asarray(res.n_rejected)}
     return res.ys[:, :, :n], dys, info
+
+
+def _cuda_joint_solve(cfg, y0, params, args, ts, t0, te, dy0, dp, dl):
+    """joint_solve on the CUDA backend: info per trajectory (status: OK unless a direction
+    failed; step counts: the most over its directions) and per thread (``thread_*``, (m, N))."""
+    from . import cuda_backend as cb
+    sol = cb.solve_sensitivities(
+        cfg.rhs, np.asarray(y0), np.asarray(ts), np.asarray(params),
+        s0=None if dy0 is None else np.asarray(dy0),
+        dparams=None if dp is None else np.asarray(dp),
+        dargs=np.asarray(dl[0]) if dl else None,
+        args=None if args is None else np.asarray(_cuda_table(cfg, args)), rtol=cfg.rtol,
+        atol=cfg.atol, sensitivity_atol=cfg.sens_atol, sensitivity_error_control=cfg.sec,
+        t0=np.asarray(t0), t_end=np.asarray(te), sparsity=cfg.sparsity,
+        error_weights=cfg.weights, max_steps=cfg.max_steps, first_step=cfg.first_step,
+        controller=cfg.ctrl, tableau=cfg.tableau)
+    info = {"status": sol.trajectory_status(), "n_accepted": sol.n_accepted.max(axis=0),
+            "n_rejected": sol.n_rejected.max(axis=0), "thread_status": sol.status,
+            "thread_n_accepted": sol.n_accepted, "thread_n_rejected": sol.n_rejected,
+            "launch": sol.info}
+    return jnp.asarray(sol.ys), jnp.asarray(sol.dys_or_nan()), info
 
 
 def grad_by_forward_mode(fun: Callable) -> Callable:
