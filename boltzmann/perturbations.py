@@ -33,6 +33,7 @@ from models.tables import pack_table
 from . import background as bg
 from . import constants as const
 from . import ncdm as ncdm_mod
+from .thermodynamics import cumulative_hermite
 
 #: extra e-folds the tables extend beyond a = 1 (Hermite cells need both end nodes)
 X_MAX = 0.02
@@ -87,7 +88,12 @@ def build_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
     H = bg.hubble(cosmo, a)
     conf_h = a * H
     dlnh = 1.0 + bg.dhubble_dlna(cosmo, a) / H
-    tau = bg.conformal_time(cosmo, a)
+    # tau(x) = tau(x_0) + int dx / (aH), accumulated along the grid by the Hermite (corrected
+    # trapezoid) rule, O(dx^4) ~ 1e-12 relative at the default grid: the direct quadrature at every
+    # node (bg.conformal_time, 200 Hubble evaluations per node) cost ~0.5 s per cosmology on the
+    # CPU and an XLA GPU compile that stalled when vmapped over cosmologies (docs/benchmarks.md).
+    inv_ah = 1.0 / conf_h
+    tau = bg.conformal_time(cosmo, a[0]) + cumulative_hermite(grid.dx, inv_ah, -inv_ah * dlnh)
     cols = {
         "ln_conformal_hubble": (jnp.log(conf_h), dlnh),
         "ln_conformal_time": (jnp.log(tau), 1.0 / (conf_h * tau)),

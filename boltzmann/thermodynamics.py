@@ -97,7 +97,7 @@ def _hermite_panels(h, q, dq):
     return 0.5 * h * (q[:-1] + q[1:]) + h * h / 12.0 * (dq[:-1] - dq[1:])
 
 
-def _cumulative_hermite(h, q, dq):
+def cumulative_hermite(h, q, dq):
     """Running integral of q from node 0 to each node."""
     return jnp.concatenate([jnp.zeros(1, q.dtype), jnp.cumsum(_hermite_panels(h, q, dq))])
 
@@ -275,7 +275,7 @@ def thermodynamics_from_hubble(
 
     # conformal time tau(lna) = 1/(aH) at the first node (radiation era) + int dlna / (aH)
     r = 1.0 / aH_n
-    conformal = r[0] + _cumulative_hermite(h, r, -r * daH_n / aH_n)
+    conformal = r[0] + cumulative_hermite(h, r, -r * daH_n / aH_n)
 
     def conformal_time_at(t):
         return hermite_interp(lna, conformal, r, t)

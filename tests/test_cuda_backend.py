@@ -425,3 +425,23 @@ def test_cuda_pipeline_statuses_match_jax(pipeline_both):
     # same algorithm: the step counts agree up to a few rounding-moved decisions
     assert abs(cu.solver_stats["accepted_steps_max"] - jx.solver_stats["accepted_steps_max"]) \
         <= max(5, 0.02 * jx.solver_stats["accepted_steps_max"])
+
+
+@pytest.mark.gpu
+def test_cuda_pipeline_ffi_launch_equals_numba_launch(pipeline_both, monkeypatch):
+    """The XLA FFI launch (solver/cuda_ffi.py) of the EB kernel, tables included, gives the numba
+    launch's numbers: same cubin, same arguments, so the P(k) agree to rounding (1e-12)."""
+    from boltzmann import pipeline
+    from solver import cuda_ffi
+
+    cfg, cu, _ = pipeline_both
+    monkeypatch.setenv("BOLTZMANN_CUDA_LAUNCH", "ffi")
+    launches = cuda_ffi.launch_count()
+    ff = pipeline.run(cfg, backend="cuda")
+    assert ff.backend == "cuda"
+    assert cuda_ffi.launch_count() > launches, "the FFI custom call did not run"
+    for which in ("d_m", "d_cb"):
+        a = np.asarray(cu.transfers[0.0][which])
+        b = np.asarray(ff.transfers[0.0][which])
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=0.0)
+    assert ff.solver_stats["accepted_steps_max"] == cu.solver_stats["accepted_steps_max"]
