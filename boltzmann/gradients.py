@@ -95,13 +95,16 @@ class PowerSpectrumFunction:
     Options: ``parameters`` (subset/order of PARAMETERS and the extra names ``_parse_name`` takes),
     ``k`` [1/Mpc] and ``z`` override the config's output grid, ``rtol`` overrides the precision's,
     ``n_chunks`` splits the modes (sorted by k) into that many solves,
-    ``sensitivity_error_control`` is passed to ``solve_diff`` (docs/gradients.md).
+    ``sensitivity_error_control`` and ``backend`` ("jax", "cuda" or "auto") are passed to
+    ``solve_diff`` (docs/gradients.md).
     """
 
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
                  rtol: float | None = None, atol: float | None = None, n_chunks: int = 4,
-                 sensitivity_error_control: bool = True, with_sigma8: bool = True):
+                 sensitivity_error_control: bool = True, with_sigma8: bool = True,
+                 backend: str = "jax"):
         self.config = config
+        self.backend = backend
         self.parameters = tuple(parameters)
         if len(set(self.parameters)) != len(self.parameters):
             raise ConfigError(f"gradients: repeated parameter names in {self.parameters}")
@@ -196,7 +199,8 @@ class PowerSpectrumFunction:
         for idx in self._chunks:
             ys_c = solve_diff(model.rhs, y0[idx], self.x_save, rows[idx], args=table,
                               t0=self.x0[idx], rtol=self.rtol, atol=self.atol,
-                              error_weights=self.weights, max_steps=200_000)
+                              error_weights=self.weights, max_steps=200_000,
+                              backend=self.backend)
             ys = ys.at[idx].set(ys_c)
         obs = jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
                        in_axes=(0, None, 0, None))(ys, jnp.asarray(self.x_save), rows, table)

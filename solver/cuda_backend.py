@@ -74,7 +74,7 @@ from .tableau import RODAS5P
 
 __all__ = ["solve", "solve_emulated", "jacobian_emulated", "CudaBackendUnavailable", "build_plan",
            "table_split_of", "THREADS_PER_BLOCK", "solve_sensitivities", "sensitivity_emulated",
-           "build_sens_plan", "SensitivitySolution"]
+           "build_sens_plan", "SensitivitySolution", "sens_probe_emulated"]
 
 THREADS_PER_BLOCK = 32
 
@@ -610,8 +610,23 @@ class _SensPlan:
                      "wsq", "wrms_joint", "tan_eval", "hess_eval", "tan_dt_eval"):
             setattr(mod, name, cuda.jit(device=True)(getattr(mod, name)))
         self._kernel = cuda.jit(mod.sens_kernel)
+        self._probe_kernel = cuda.jit(mod.sens_probe_kernel)
         self._cuda = cuda
         return self._kernel
+
+    def probe(self, y, s, u, t, params, dparams, args=None, dargs=None):
+        """(s', H u, ∂s'/∂t) at points (N, n) through the GPU's device functions (Enzyme jvp and
+        jvp(jvp)): for tests against nested jax.jvp.  dargs: (N or 1, *args.shape) or None."""
+        self.kernel()
+        cuda = self._cuda
+        a = _probe_inputs(self, y, s, u, t, params, dparams, args, dargs)
+        N = a[0].shape[0]
+        outs = [cuda.device_array((N, self.plain.n), dtype=np.float64) for _ in range(3)]
+        blocks = (N + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+        self._probe_kernel[blocks, THREADS_PER_BLOCK](*[cuda.to_device(x) for x in a], *outs,
+                                                      np.int64(N))
+        cuda.synchronize()
+        return tuple(o.copy_to_host() for o in outs)
 
 
 _SENS_PLANS: dict = {}
@@ -836,3 +851,40 @@ def sensitivity_emulated(rhs, y0, t_save, params, *, s0=None, dparams=None, darg
 
 solve_sensitivities.__doc__ += _SENS_DOC_ARGS
 sensitivity_emulated.__doc__ += _SENS_DOC_ARGS
+
+
+def _probe_inputs(plan, y, s, u, t, params, dparams, args, dargs):
+    """Host arrays of sens_probe_kernel's inputs (params/dparams padded like the kernel's)."""
+    y = np.ascontiguousarray(np.atleast_2d(np.asarray(y, np.float64)))
+    N = y.shape[0]
+    s, u = (np.ascontiguousarray(np.reshape(np.asarray(v, np.float64), y.shape)) for v in (s, u))
+    t = np.ascontiguousarray(np.broadcast_to(np.asarray(t, np.float64), (N,)))
+    P = plan.plain.n_params
+    pk, dpk = np.zeros((N, max(P, 1))), np.zeros((N, max(P, 1)))
+    pk[:, :P] = np.asarray(params, np.float64).reshape(N, P)
+    dpk[:, :P] = np.asarray(dparams, np.float64).reshape(N, P)
+    if args is None:
+        a, da = np.zeros(1), np.zeros((1, 1))
+    else:
+        a = _args_array(args)
+        da = np.zeros((1,) + a.shape) if dargs is None else \
+            np.ascontiguousarray(np.asarray(dargs, np.float64))
+    return y, s, u, t, pk, dpk, a, da
+
+
+def sens_probe_emulated(rhs, y, s, u, t, params, dparams, *, args=None, dargs=None,
+                        sparsity=None):
+    """(s', H u, ∂s'/∂t) of the sensitivity kernel's device functions at points (N, n), run on
+    the CPU (as :meth:`_SensPlan.probe` on the GPU): for tests."""
+    y = np.atleast_2d(np.asarray(y, np.float64))
+    N, n = y.shape
+    P = np.asarray(params).reshape(N, -1).shape[1]
+    table_split_of(rhs, args)
+    plan = build_sens_plan(rhs, n, P, args=args, sparsity=sparsity)
+    mod, emu = _emulation_module(plan.plain, rhs, P, plan._module("emu"))
+    a = _probe_inputs(plan, y, s, u, t, params, dparams, args, dargs)
+    outs = [np.full((N, n), np.nan) for _ in range(3)]
+    for i in range(N):
+        emu.thread = i
+        mod.sens_probe_kernel(*a, *outs, N)
+    return tuple(outs)

@@ -670,6 +670,37 @@ def generate_kernel_source(spec: KernelSpec) -> str:
         "\n".join(body) + "\n"
 
 
+def _emit_sens_probe_kernel(spec: KernelSpec) -> list[str]:
+    """A test kernel: s' (tan_eval), H u (hess_eval) and ∂s'/∂t (tan_dt_eval) at given points,
+    one point per thread, through the same device code (checks the Enzyme jvp(jvp) layout)."""
+    n, P = spec.n, spec.n_params
+    L = ["def sens_probe_kernel(y_in, s_in, u_in, t_in, params, dparams, args, dargs, g_out, "
+         "hu_out, sdt_out, n_traj):",
+         "    i = cuda.grid(1)",
+         "    if i >= n_traj:",
+         "        return",
+         "    da = dargs[i if dargs.shape[0] == n_traj else 0]"]
+    L += [f"    {v} = cuda.local.array({n}, F64)" for v in ("y", "s", "u", "g", "hu", "sdt")]
+    L += [f"    p = cuda.local.array({P}, F64)",
+          f"    dp = cuda.local.array({P}, F64)",
+          f"    for q in range({P}):",
+          "        p[q] = params[i, q]",
+          "        dp[q] = dparams[i, q]",
+          f"    for q in range({n}):",
+          "        y[q] = y_in[i, q]",
+          "        s[q] = s_in[i, q]",
+          "        u[q] = u_in[i, q]",
+          "    tan_eval(y, s, t_in[i], p, dp, args, da, g)",
+          "    hess_eval(y, s, u, t_in[i], p, dp, args, da, hu)",
+          "    tan_dt_eval(y, s, t_in[i], p, dp, args, da, sdt)",
+          f"    for q in range({n}):",
+          "        g_out[i, q] = g[q]",
+          "        hu_out[i, q] = hu[q]",
+          "        sdt_out[i, q] = sdt[q]",
+          ""]
+    return L
+
+
 def generate_sens_kernel_source(spec: KernelSpec) -> str:
     """The sensitivity module's text: LU, ``f_eval``/``jac_eval``, the s-block helpers and
     ``sens_kernel`` (module docstring, "Sensitivity kernel").  Same spec as the plain kernel:
@@ -691,7 +722,8 @@ def generate_sens_kernel_source(spec: KernelSpec) -> str:
             tables,
             '"""',
             "import math", ""]
-    body = _emit_helpers(spec) + _emit_sens_helpers(spec) + _emit_kernel(spec, sens=True)
+    body = _emit_helpers(spec) + _emit_sens_helpers(spec) + _emit_kernel(spec, sens=True) + \
+        _emit_sens_probe_kernel(spec)
     return "\n".join(head) + "\n" + lu_source_to_out_form(spec.lu_source) + "\n\n" + \
         "\n".join(body) + "\n"
 
