@@ -35,6 +35,12 @@ array (for the EB model: (n_cosmo, n_columns, 2, n_grid)); without args the kern
 dummy.  ``args`` without ``rhs.table_split`` is a ``TypeError`` saying what is missing.  The JAX
 backend ignores the split and keeps calling ``rhs(y, t, p, args)``.
 
+Forward sensitivities (issue 5): :func:`solve_sensitivities` launches the generated
+``sens_kernel`` (solver.cuda_codegen, "Sensitivity kernel"): N·m threads, one per (trajectory,
+direction), each integrating [y, s_d] with the exact joint Jacobian (H u by Enzyme ``jvp(jvp)``);
+:func:`sensitivity_emulated` runs the same text on the CPU with nested ``jax.jvp``;
+``solver.sensitivity.solve_diff(backend="cuda")`` calls it for its tangent.
+
 Not done yet: the XLA FFI launch (a plain numba launch on device arrays here), a table-driven LU
 for patterns too large for straight-line code.
 

@@ -33,6 +33,22 @@ function), ``jvp_rhs`` (its Enzyme ``jvp``) and, with tables, ``table_values`` a
 backend binds them to numba-cuda-mlir and numba-enzyme-cuda objects;
 ``solver.cuda_backend.solve_emulated`` binds them to numpy/JAX stand-ins so the very same text runs
 on a CPU (tests of the kernel logic without a GPU).
+
+Sensitivity kernel (:func:`generate_sens_kernel_source`, issue 5, DESIGN §8): a second module with
+the same LU, ``f_eval`` and ``jac_eval`` and ``sens_kernel(*SENS_KERNEL_ARGS)``: one thread per
+(trajectory i, direction d), g = i * n_dir + d, integrating z = [y, s] with
+s' = Df(y, t, p, tv)[(s, 0, dp, dtv)].  The y block is the plain kernel's text line for line (one
+emitter, ``_emit_kernel(spec, sens)``, writes both); the s block adds, per stage, the stage point
+``si``, its rhs ``tan_eval`` (one ``jvp``) and the exact staggered solve of the joint
+W = [[W, 0], [-H, W]]: ``W k_s = r_s + H k`` with ``H k`` = ``hess_eval`` (one ``jvp(jvp)``, the
+global ``jvp2_rhs``) at the step's start; once per step ``tan_dt_eval`` (∂s'/∂t, one ``jvp(jvp)``).
+The error norm is ``wrms_joint`` (RMS_y² + RMS_s², s weights zero without sensitivity error
+control -- then the thread's steps are exactly the plain kernel's).  Arguments: the plain kernel's
+plus ``s0`` (m, N, n), ``dparams`` (m, N, P), ``dargs`` (m or 1, *args.shape; tangent tables,
+dtv = table_values(t, p, dargs[d])), ``atol_s``, ``weights_s`` (n,), ``n_dir``; outputs ``ys``
+(N, ns, n; written by direction 0), ``dys`` (m, N, ns, n) and per-thread ``t_out``, ``status``,
+``n_accepted``, ``n_rejected`` (m, N).  ``sens_probe_kernel`` evaluates s', H u and ∂s'/∂t at given
+points (tests of the Enzyme calls).
 """
 from __future__ import annotations
 
