@@ -613,7 +613,8 @@ def _emit_advance(spec: KernelSpec, nm: _Names) -> list[str]:
           "        else:",
           "            nrej += 1",
           "            if h_new < dt_min:",
-          f"                st = {int(Status.STEP_TOO_SMALL)} if finite else {int(Status.NON_FINITE)}",
+          f"                st = {int(Status.STEP_TOO_SMALL)} if finite else "
+          f"{int(Status.NON_FINITE)}",
           "        h = h_new",
           f"        if st == {RUN} and nacc + nrej >= {int(spec.max_steps)}:",
           f"            st = {int(Status.MAX_STEPS)}",
