@@ -52,6 +52,8 @@ __all__ = ["EnsembleResult", "StructureMismatch", "run_ensemble", "fiducial_ense
 SPREAD_PARAMETERS = ("omega_b", "omega_cdm", "h", "n_s", "A_s")
 #: the single-cosmology pipeline's step limit
 MAX_STEPS = 200_000
+#: most cosmologies per compiled (vmapped) tables program; larger batches run in pieces
+TABLE_CHUNK = 128
 
 
 class StructureMismatch(ValueError):
@@ -193,6 +195,32 @@ def _functions(model, grid: pt.Grid) -> _Functions:
     return fns
 
 
+def _tables_in_chunks(tables_fn, stacked, C: int, chunk: int | None = None):
+    """``tables_fn`` (jit of vmap) over C cosmologies in pieces of at most ``chunk``.
+
+    On the H200, XLA's GPU compile of the vmapped tables stalled at 1024 cosmologies ("very slow
+    compile" of one reduction fusion, > 2 min, 2026-11-30) while 128 compiled in 23 s; the
+    tables stage is a sequential scan whose time hardly depends on the batch (0.72-0.79 s for
+    1-128 cosmologies on the H200), so pieces of TABLE_CHUNK cost one such scan each.  The last
+    piece is padded by repeating the last cosmology, so every piece reuses ONE compiled program.
+    """
+    chunk = TABLE_CHUNK if chunk is None else int(chunk)
+    if C <= chunk:
+        tab, derived = tables_fn(stacked)
+        return tab.block_until_ready(), {name: np.asarray(v) for name, v in derived.items()}
+    tabs, ders = [], []
+    for start in range(0, C, chunk):
+        idx = np.minimum(np.arange(start, start + chunk), C - 1)
+        piece = jax.tree_util.tree_map(
+            lambda x: x[idx] if getattr(x, "ndim", 0) >= 1 else x, stacked)
+        tab, derived = tables_fn(piece)
+        n = min(chunk, C - start)
+        tabs.append(tab[:n])
+        ders.append({name: np.asarray(v)[:n] for name, v in derived.items()})
+    tab = jnp.concatenate(tabs).block_until_ready()
+    return tab, {name: np.concatenate([d[name] for d in ders]) for name in ders[0]}
+
+
 def _param_rows(fns, model, cosmologies, stacked, k, grid) -> np.ndarray:
     """(C, K, P) parameter rows; the cosmo_row column is the cosmology's index."""
     C, K = k.shape
@@ -250,9 +278,7 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     grid = pt.make_grid(precision)
     fns = _functions(model, grid)
     stacked = stack_cosmologies(cosmologies)
-    tab, derived = fns.tables(stacked)
-    tab = tab.block_until_ready()
-    derived = {name: np.asarray(v) for name, v in derived.items()}
+    tab, derived = _tables_in_chunks(fns.tables, stacked, C)
     timings["tables"] = time.perf_counter() - t0
 
     # ---- 2. parameter rows and initial states, packed k-major

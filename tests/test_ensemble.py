@@ -107,3 +107,29 @@ def test_fiducial_ensemble_is_deterministic_spread():
         strata = np.floor((rel + 0.05) / 0.1 * 15).astype(int)
         assert sorted(strata) == list(range(15))
     assert all(np.array_equal(c.m_ncdm, fid.m_ncdm) for c in a)
+
+
+def test_tables_in_chunks_equals_one_piece():
+    """Large batches compute their tables in pieces of TABLE_CHUNK (one compiled program, the last
+    piece padded): the result is the one-piece result, in order, whatever the chunk size."""
+    import jax
+    import jax.numpy as jnp
+
+    cosmos = ensemble.fiducial_ensemble(7, "lcdm_massless")
+    stacked = ensemble.stack_cosmologies(cosmos)
+    calls = []
+
+    @jax.jit
+    def tables_fn(st):
+        calls.append(st.h.shape)  # traces only: one per distinct piece shape
+        tab = jax.vmap(lambda c: jnp.stack([c.h * jnp.arange(3.0), c.omega_b + jnp.arange(3.0)]))(st)
+        return tab, {"z_reio": st.n_s * 10.0}
+
+    ref_tab, ref_der = ensemble._tables_in_chunks(tables_fn, stacked, 7, chunk=16)
+    for chunk in (1, 3, 4, 7):
+        tab, der = ensemble._tables_in_chunks(tables_fn, stacked, 7, chunk=chunk)
+        np.testing.assert_array_equal(np.asarray(tab), np.asarray(ref_tab))
+        np.testing.assert_array_equal(der["z_reio"], ref_der["z_reio"])
+    assert ref_tab.shape == (7, 2, 3)
+    np.testing.assert_allclose(ref_der["z_reio"], [10.0 * float(c.n_s) for c in cosmos])
+    assert calls == [(7,), (1,), (3,), (4,)]  # one trace per piece size; chunk 7 reuses the first
