@@ -596,6 +596,8 @@ def _eb_row(row, backend, cfg, cosmos, work, dead):
     g = _gflops(work, st["steps_total"], res.timings["solve"])
     row.update(gflops_solve=g, peak_fraction=None if g is None else g * 1e9 / H200_FP64_VECTOR)
     notes = []
+    if st.get("tables_device"):
+        notes.append(f"tables on {st['tables_device']}")
     if row["kernel_s"] is not None:
         notes.append(f"kernel {1e3 * row['kernel_s']:.0f} ms of the solve")
     if res.failed:
