@@ -41,8 +41,11 @@ direction), each integrating [y, s_d] with the exact joint Jacobian (H u by Enzy
 :func:`sensitivity_emulated` runs the same text on the CPU with nested ``jax.jvp``;
 ``solver.sensitivity.solve_diff(backend="cuda")`` calls it for its tangent.
 
-Not done yet: the XLA FFI launch (a plain numba launch on device arrays here), a table-driven LU
-for patterns too large for straight-line code.
+Launch: by default through the XLA FFI custom call of :mod:`solver.cuda_ffi` (the same cubin,
+launched on XLA's stream; ``$BOLTZMANN_CUDA_LAUNCH``, see ``LAUNCH_MODES``), else numba-cuda-mlir's
+own launch on device arrays (``_solve_numba``; also what the sensitivity kernel uses, from a
+``jax.pure_callback``).  Not done yet: a table-driven LU for patterns too large for straight-line
+code.
 
 Register / local-memory budget (the EB model, lcdm.yaml defaults: n = 217 with the massive
 neutrino at n_q = 5, l_max_ncdm = 24; 986 LU slots; 22 colours + 1 time sweep = 3 jvp calls of
@@ -69,6 +72,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -368,7 +372,7 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
                    first_step)
     table_split_of(rhs, args)  # a clear TypeError for args without rhs.table_split
     _cuda_modules()  # fail early, with the reason, before any host-side work
-    if os.environ.get("BOLTZMANN_CUDA_LAUNCH", "numba") == "ffi":
+    if _ffi_launch():
         # launch through the XLA FFI custom call (solver/cuda_ffi.py); results stay JAX arrays
         from . import cuda_ffi
         return cuda_ffi.solve(rhs, y0, t_save, params, args=args, rtol=rtol, atol=atol, t0=t0,
@@ -376,6 +380,33 @@ def solve(rhs, y0, t_save, params, *, args=None, rtol=1e-6, atol=1e-9, t0=None, 
                               max_steps=max_steps, first_step=first_step,
                               linear_solver=linear_solver, controller=controller, tableau=tableau)
     return _solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau)
+
+
+#: ``$BOLTZMANN_CUDA_LAUNCH``: "auto" (default: the XLA FFI launch, else the numba launch with a
+#: warning when the FFI handler cannot be built, e.g. no g++), "ffi" (FFI or a clear error),
+#: "numba" (numba-cuda-mlir's own launch on device arrays).  Both run the same cubin; the FFI
+#: launch keeps results on XLA's stream and folds jax.vmap into one launch (H200, 2026-11-30:
+#: the EB pipeline's P(k) through both launches agree to 1e-12, tests/test_cuda_backend.py).
+LAUNCH_MODES = ("auto", "ffi", "numba")
+
+
+def _ffi_launch() -> bool:
+    mode = os.environ.get("BOLTZMANN_CUDA_LAUNCH", "auto")
+    if mode not in LAUNCH_MODES:
+        raise ValueError(f"BOLTZMANN_CUDA_LAUNCH={mode!r}: expected one of {LAUNCH_MODES}")
+    if mode == "numba":
+        return False
+    from . import cuda_ffi
+    try:
+        cuda_ffi.load_library()
+    except cuda_ffi.FfiBuildError as exc:
+        if mode == "ffi":
+            raise
+        warnings.warn(f"the XLA FFI launch is unavailable ({exc}); using numba-cuda-mlir's launch "
+                      f"(set BOLTZMANN_CUDA_LAUNCH=numba to silence this)", RuntimeWarning,
+                      stacklevel=3)
+        return False
+    return True
 
 
 def _solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau):

@@ -364,3 +364,30 @@ def test_vmap_is_one_launch(batched_params):
         one = f(y0b[k], pb[k] if batched_params else pb)
         for a, b in zip(out, one):
             np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b))
+
+
+def test_launch_mode_selection(monkeypatch):
+    """$BOLTZMANN_CUDA_LAUNCH: auto (default) takes the FFI launch and falls back to the numba
+    launch with a warning when the handler cannot be built; ffi raises instead; bad values are a
+    clear error."""
+    from solver import cuda_backend, cuda_ffi
+
+    monkeypatch.setenv("BOLTZMANN_CUDA_LAUNCH", "xla")
+    with pytest.raises(ValueError, match="BOLTZMANN_CUDA_LAUNCH='xla'"):
+        cuda_backend._ffi_launch()
+    monkeypatch.setenv("BOLTZMANN_CUDA_LAUNCH", "numba")
+    assert cuda_backend._ffi_launch() is False
+
+    def broken():
+        raise cuda_ffi.FfiBuildError("g++ not found")
+
+    monkeypatch.setattr(cuda_ffi, "load_library", broken)
+    monkeypatch.delenv("BOLTZMANN_CUDA_LAUNCH")
+    with pytest.warns(RuntimeWarning, match="g\\+\\+ not found"):
+        assert cuda_backend._ffi_launch() is False
+    monkeypatch.setenv("BOLTZMANN_CUDA_LAUNCH", "ffi")
+    with pytest.raises(cuda_ffi.FfiBuildError, match="g\\+\\+ not found"):
+        cuda_backend._ffi_launch()
+    monkeypatch.setattr(cuda_ffi, "load_library", lambda: object())
+    monkeypatch.setenv("BOLTZMANN_CUDA_LAUNCH", "auto")
+    assert cuda_backend._ffi_launch() is True
