@@ -105,6 +105,7 @@ class PowerSpectrumFunction:
                  backend: str = "jax"):
         self.config = config
         self.backend = backend
+        self.sensitivity_error_control = bool(sensitivity_error_control)
         self.parameters = tuple(parameters)
         if len(set(self.parameters)) != len(self.parameters):
             raise ConfigError(f"gradients: repeated parameter names in {self.parameters}")
@@ -200,7 +201,8 @@ class PowerSpectrumFunction:
             ys_c = solve_diff(model.rhs, y0[idx], self.x_save, rows[idx], args=table,
                               t0=self.x0[idx], rtol=self.rtol, atol=self.atol,
                               error_weights=self.weights, max_steps=200_000,
-                              backend=self.backend)
+                              backend=self.backend,
+                              sensitivity_error_control=self.sensitivity_error_control)
             ys = ys.at[idx].set(ys_c)
         obs = jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
                        in_axes=(0, None, 0, None))(ys, jnp.asarray(self.x_save), rows, table)

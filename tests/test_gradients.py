@@ -166,3 +166,24 @@ def test_jacobian_matches_class_finite_differences(exact):
         worst[name] = np.max(np.abs(d["dlnP_m"][0, :, j] - col[K_ROWS])) / np.max(np.abs(col))
     bad = {n: (v, tol[n]) for n, v in worst.items() if not v <= tol[n]}
     assert not bad, f"ours vs CLASS (relative to max |dlnP/dθ|): {worst}"
+
+
+def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
+    """``sensitivity_error_control`` and ``backend`` are handed to solve_diff (the first was
+    documented but dropped until 2026-11-30)."""
+    import jax.numpy as jnp
+
+    import boltzmann.gradients as g
+
+    seen = {}
+
+    def fake_solve_diff(rhs, y0, t_save, params, **kw):
+        seen.update(kw)
+        return jnp.zeros((y0.shape[0], len(t_save), y0.shape[1]))
+
+    monkeypatch.setattr(g, "solve_diff", fake_solve_diff)
+    fn = PowerSpectrumFunction(_config(1e-5), parameters=("h",), n_chunks=1, with_sigma8=False,
+                               sensitivity_error_control=False, backend="jax")
+    fn._evaluate(fn.theta0)
+    assert seen["sensitivity_error_control"] is False  # the non-default value arrives
+    assert seen["backend"] == "jax"
