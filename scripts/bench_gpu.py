@@ -8,6 +8,12 @@
     redshifts) for 1, 16, 128, 1024 cosmologies per launch through boltzmann/ensemble.py
     (fiducial_ensemble: ±5% Latin hypercube in omega_b, omega_cdm, h, n_s, A_s), CUDA vs JAX.
 (c) One cosmology, params -> P(k) and σ8, wall time end to end, warm.
+(d) Gradients (issue 5): the full Jacobian ∂P(k)/∂θ of one cosmology (all parameters of
+    boltzmann.gradients.PARAMETERS that the config has) against ONE P(k) from the same
+    PowerSpectrumFunction, per backend (target: Jacobian <= 2x one P(k) on one H200), and the
+    throughput of value-and-Jacobian over ``--grad-batch`` cosmologies (jax.vmap of the jitted
+    Jacobian: one joint solve on the JAX backend; on the CUDA backend the sensitivity launches
+    run one cosmology after another inside the vmap).
 
 Every row: the first call (compilation included) and warm calls (compilation excluded, median of
 repeats), ms per launch, trajectories (or cosmologies) per second, accepted steps per trajectory
@@ -67,9 +73,9 @@ ALL_BACKENDS = ("cuda", "jax", "diffrax")
 #: first-row guesses [s] (compile + one run) before anything was measured, per (part, backend);
 #: from docs/benchmarks.md (H200: lattice JAX first call 25.6 s, CUDA 24.9 s; EB JAX ~40 s)
 #: share of the remaining budget a part may use when other parts follow it
-SECTION_SHARE = {"a": 0.5, "b": 0.75, "c": 0.3}
+SECTION_SHARE = {"a": 0.5, "b": 0.75, "c": 0.3, "d": 0.6}
 PRIOR_FIRST_S = {"vdp:cuda": 30.0, "vdp:jax": 30.0, "vdp:diffrax": 40.0, "eb:cuda": 90.0,
-                 "eb:jax": 90.0}
+                 "eb:jax": 90.0, "grad:cuda": 300.0, "grad:jax": 200.0}
 
 
 # =========================================================================== output
@@ -79,7 +85,7 @@ class Report:
     def __init__(self, out_dir: str | None = None):
         self.out_dir = out_dir
         self.lines: list[str] = []
-        self.data: dict = {"vdp": [], "eb": [], "one": [], "notes": []}
+        self.data: dict = {"vdp": [], "eb": [], "one": [], "grad": [], "notes": []}
 
     def print(self, line: str = ""):
         print(line, flush=True)
@@ -665,6 +671,87 @@ def run_one(args, report, budget, cfg, dead):
         report.row("one", row, line)
 
 
+# =========================================================================== (d) gradients
+def grad_parameters(cfg) -> list:
+    """Every parameter of boltzmann.gradients.PARAMETERS this config can be differentiated in."""
+    from boltzmann.gradients import PARAMETERS
+
+    return [p for p in PARAMETERS if p != "m_ncdm" or cfg.cosmology.n_ncdm > 0]
+
+
+def run_grad(args, report, budget, cfg, dead):
+    names = grad_parameters(cfg)
+    K = len(cfg.output.k_grid(float(cfg.cosmology.h)))
+    report.print(f"\n## (d) gradients: {args.config}, {K} k, z = {list(cfg.output.z)}, "
+                 f"{len(names)} parameters ({', '.join(names)}); Jacobian vs one P(k) of the same "
+                 f"PowerSpectrumFunction; batch {args.grad_batch}")
+    report.print("| backend | value first / warm [s] | Jacobian first / warm [s] | Jacobian / "
+                 "value | batch of B: warm [s] | value+Jacobian per s | note |")
+    report.print("|---|---|---|---|---|---|---|")
+    for b in [b for b in args.backends if b in ("cuda", "jax")]:
+        key = f"grad:{b}"
+        row = {"key": key, "size": 1, "backend": b, "parameters": names}
+        why = dead.get(b) or budget.refuse(PRIOR_FIRST_S[key])
+        if why:
+            row.update(status="skipped", note=why)
+        else:
+            _grad_row(row, b, cfg, names, args.grad_batch, budget)
+        report.row("grad", row, _grad_line(row))
+
+
+def _grad_row(row, backend, cfg, names, batch, budget):
+    from boltzmann.gradients import PowerSpectrumFunction
+
+    try:
+        fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=backend)
+
+        def value():
+            return jax.block_until_ready(fn())
+
+        def jac():
+            return jax.block_until_ready(fn.jacobian())
+
+        t = time.perf_counter()
+        value()
+        v_first = time.perf_counter() - t
+        v_warm, _, _ = _warm_calls(value, v_first, min_total=1.0, max_repeats=3)
+        t = time.perf_counter()
+        val, jc = jac()
+        j_first = time.perf_counter() - t
+        j_warm, _, (val, jc) = _warm_calls(jac, j_first, min_total=1.0, max_repeats=3)
+        finite = bool(np.all(np.isfinite(np.asarray(jc["P_m"]))))
+        row.update(status="ok", value_first_s=v_first, value_warm_s=v_warm,
+                   jacobian_first_s=j_first, jacobian_warm_s=j_warm,
+                   ratio=j_warm / v_warm, jacobian_finite=finite)
+        if batch > 1 and not budget.refuse(j_first + 3 * batch * j_warm):
+            thetas = fn.theta0[None, :] * (1.0 + 0.01 * jnp.linspace(-1.0, 1.0, batch)[:, None])
+            batched = jax.jit(jax.vmap(fn._jit_jac))
+
+            def run_batch():
+                return jax.block_until_ready(batched(thetas))
+
+            t = time.perf_counter()
+            run_batch()
+            b_first = time.perf_counter() - t
+            b_warm, _, _ = _warm_calls(run_batch, b_first, min_total=1.0, max_repeats=2)
+            row.update(batch=batch, batch_first_s=b_first, batch_warm_s=b_warm,
+                       value_and_jacobian_per_s=batch / b_warm)
+        row["note"] = "" if finite else "non-finite Jacobian entries (a mode failed)"
+    except Exception as exc:
+        row.update(status="error", note=_unavailable_reason(exc),
+                   traceback=traceback.format_exc())
+
+
+def _grad_line(r) -> str:
+    if r["status"] != "ok":
+        return f"| {r['backend']} | — | — | — | — | — | {_short(r['note'])} |"
+    batch = (f"{r['batch_warm_s']:.2f} (B = {r['batch']})" if "batch_warm_s" in r else "—")
+    per_s = f"{r['value_and_jacobian_per_s']:.3g}" if "value_and_jacobian_per_s" in r else "—"
+    return (f"| {r['backend']} | {r['value_first_s']:.1f} / {r['value_warm_s']:.3f} | "
+            f"{r['jacobian_first_s']:.1f} / {r['jacobian_warm_s']:.3f} | {r['ratio']:.2f} | "
+            f"{batch} | {per_s} | {_short(r['note'])} |")
+
+
 # =========================================================================== main
 def environment(report):
     import importlib.metadata as md
@@ -705,7 +792,9 @@ def build_parser():
                     help="(b) cosmologies per launch (default 1 16 128 1024)")
     ap.add_argument("--parts", default="bca",
                     help="which parts to run, in this order (default bca: the ΛCDM ensembles "
-                         "first, as they matter most; any of a, b, c)")
+                         "first, as they matter most; any of a, b, c, d)")
+    ap.add_argument("--grad-batch", type=int, default=8,
+                    help="(d) cosmologies in the batched value-and-Jacobian row (1: skip it)")
     ap.add_argument("--config", default="lcdm", help="config for (b), (c) (default lcdm)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes and a reduced-precision EB model (smoke test)")
@@ -727,6 +816,8 @@ def main(argv=None):
     bad = [b for b in args.backends if b not in ALL_BACKENDS]
     if bad:
         raise SystemExit(f"bench_gpu: unknown backend(s) {bad}; choose from {ALL_BACKENDS}")
+    if args.grad_batch < 1:
+        raise SystemExit(f"bench_gpu: --grad-batch must be >= 1, got {args.grad_batch}")
     if args.sizes is None:
         args.sizes = [16, 64] if args.quick else [1000, 10000, 100000]
     if args.cosmologies is None:
@@ -743,7 +834,7 @@ def main(argv=None):
                  f"the solve; peak = H200 fp64 vector {H200_FP64_VECTOR / 1e12:.0f} TFLOP/s "
                  f"(tensor cores {H200_FP64_TENSOR / 1e12:.0f}, not usable by per-thread code)")
     cfg, dead = None, {}
-    parts = [c for c in args.parts if c in "abc"]
+    parts = [c for c in args.parts if c in "abcd"]
     try:
         for i, part in enumerate(parts):
             # every part but the last may use only its share of what is left
@@ -752,8 +843,10 @@ def main(argv=None):
                 run_vdp(args, report, budget, work)
             elif part == "b":
                 cfg, dead = run_eb(args, report, budget, work)
-            else:
+            elif part == "c":
                 run_one(args, report, budget, cfg or _eb_setup(args), dead)
+            else:
+                run_grad(args, report, budget, cfg or _eb_setup(args), dead)
             budget.end_section()
     finally:
         report.print(f"\ntotal wall time {budget.elapsed():.1f} s")
