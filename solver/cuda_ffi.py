@@ -36,6 +36,31 @@ How:
   attribute), checks it against the PTX entry's parameter list here and against
   ``cuFuncGetParamInfo`` on the device, and launches ceil(N/32) blocks of
   ``cuda_backend.THREADS_PER_BLOCK`` threads.
+* Kernel-image cache (the first solve of the EB model in a new process spent ~170-200 s in the
+  numba-cuda-mlir compile and nvJitLink link on the H200; Enzyme's derivatives were already cached
+  by numba-enzyme-cuda): the linked cubin, its entry name and parameter layout are stored as
+  ``$BOLTZMANN_CUDA_CACHE/cubin/<key>.cubin`` + ``<key>.json`` (default
+  ``<tmp>/boltzmann_cuda_kernels/cubin``; written atomically; the JSON also holds n_params, the
+  image size and sha256, the original compile seconds, local memory / registers per thread as
+  numba reported them, created-at and the versions).  ``<key>`` is the sha256 of the generated
+  kernel source (``plan.source``), a fingerprint of the device functions compiled with it (the
+  rhs, or the table split's core and lookups: bytecode, constants, closure cells, the globals
+  they name), the entry (``gpu:kernel``), the numba-cuda-mlir / numba-enzyme-cuda / numba /
+  Python versions, the GPU's compute capability (:func:`_compute_capability`, the one place to
+  adapt), the argument types ``_compile_result`` compiles for, ``THREADS_PER_BLOCK`` and
+  ``CACHE_FORMAT``.  On a valid entry the image is registered without compiling: the plan's
+  host side (structure, colours, LU, source) is still built, ``plan.kernel()`` is never called
+  (no dispatcher: ``info["kernel_module"]`` is None; the PTX parameter check ran when the entry
+  was stored).  Corrupt or mismatched entries warn and are recompiled and overwritten; an rhs
+  reading objects the fingerprint cannot pin down, or an unknown compute capability, disables
+  the cache for that kernel (``info["kernel_cache"] == "unavailable"``).
+  ``BOLTZMANN_CUDA_KERNEL_CACHE=0`` disables reading and writing; ``python -m solver.cuda_ffi
+  --clear-kernel-cache`` (or deleting the directory) clears it.  ``info`` reports
+  ``kernel_cache`` (hit / stored / miss / disabled / unavailable), ``kernel_from_cache``,
+  ``compile_seconds`` (this process), ``kernel_load_seconds``, ``cached_compile_seconds``;
+  ``COUNTERS`` counts hits, misses and stores.  The cubin's cuModuleLoadData still happens in
+  the handler at the first launch (inside ``kernel_seconds``).  Benefit: not yet measured on a
+  GPU.
 
 Tolerances, weights, ``max_steps``, the controller and tableau are static (they select the
 compiled kernel / are attributes); arrays are traced.  Under a trace only shapes are checked;
