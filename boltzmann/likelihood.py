@@ -98,11 +98,19 @@ def callback_function(cached: CachedJacobian) -> Callable:
     y_spec = jax.ShapeDtypeStruct(cached.out_shape, jnp.float64)
     j_spec = jax.ShapeDtypeStruct(cached.out_shape + (cached.n_theta,), jnp.float64)
 
+    # JAX runs host callbacks with the default device set to the CPU device, which is part of
+    # the jit cache key: a jitted model called from the callback as is would be traced and
+    # compiled a second time (measured: 60-100 s on the CPU for the Boltzmann Jacobian). The
+    # callback therefore restores the default-device setting that was current here.
+    device = jax.config.jax_default_device
+
     def _value(theta):
-        return cached(theta)[0]
+        with jax.default_device(device):
+            return cached(theta)[0]
 
     def _both(theta):
-        return cached(theta)
+        with jax.default_device(device):
+            return cached(theta)
 
     @jax.custom_jvp
     def f(theta):
@@ -114,12 +122,14 @@ def callback_function(cached: CachedJacobian) -> Callable:
         y, jac = jax.pure_callback(_both, (y_spec, j_spec), theta, vmap_method="sequential")
         return y, jnp.tensordot(jac, dtheta, axes=1)
 
+    f_jit = jax.jit(f)
+
     def wrapped(theta):
         theta = jnp.asarray(theta, jnp.float64)
         if theta.shape != (cached.n_theta,):
             raise ValueError(f"likelihood: θ must have shape ({cached.n_theta},), "
                              f"got {theta.shape}")
-        return f(theta)
+        return f_jit(theta)
 
     wrapped.cached = cached
     return wrapped
@@ -157,8 +167,8 @@ class PowerSpectrumModel:
         self.solve_parameters = tuple(p for p in self.parameters if p not in PRIMORDIAL)
         self._solve_idx = [self.parameters.index(p) for p in self.solve_parameters]
         kw.setdefault("with_sigma8", False)
-        # with only primordial parameters, one direction that is never varied (ω_cdm at its
-        # fiducial) keeps the same code path; its Jacobian column is dropped
+        # with only primordial parameters the function is built for ω_cdm (never varied) and
+        # only its value program is used, once
         self.fn = PowerSpectrumFunction(config, parameters=self.solve_parameters or ("omega_cdm",),
                                         k=k, **kw)
         cosmo = self.fn.cosmo0
@@ -174,16 +184,18 @@ class PowerSpectrumModel:
         fiducial.update(zip(self.solve_parameters, fid_s[:len(self.solve_parameters)]))
         self.theta0 = np.array([fiducial[p] for p in self.parameters], np.float64)
         self._fid_s = fid_s
+        self._base = None                   # P at the fiducial transfer (no solve parameters)
 
     def __call__(self, theta):
         theta = np.asarray(theta, np.float64)
         if self.solve_parameters:
-            th_s = theta[self._solve_idx]
-        else:
-            th_s = self._fid_s
-        val, jac = self.fn.jacobian(th_s)
-        P = np.asarray(val["P_m"], np.float64)
-        Js = np.asarray(jac["P_m"], np.float64)
+            val, jac = self.fn.jacobian(theta[self._solve_idx])
+            P = np.asarray(val["P_m"], np.float64)
+            Js = np.asarray(jac["P_m"], np.float64)
+        else:                               # the value program once, no Jacobian program
+            if self._base is None:
+                self._base = np.asarray(self.fn(self._fid_s)["P_m"], np.float64)
+            P = self._base
         amp = np.ones(())
         tilt = np.ones(self.k.size)
         for i, name in enumerate(self.parameters):

@@ -3,8 +3,8 @@
 
     python scripts/infer.py --config configs/lcdm.yaml --fisher
     python scripts/infer.py --config lcdm --nuts 200 --params omega_cdm,h,ln10^{10}A_s
-    python scripts/infer.py --config lcdm_massless --quick --nuts 150 --warmup 100 \\
-        --params omega_cdm,h,ln10^{10}A_s                 # CPU demo, a few minutes
+    python scripts/infer.py --config lcdm_massless --quick --nuts 150 --warmup 60 \\
+        --params omega_cdm,h,ln10^{10}A_s --noiseless      # CPU demo, ~5 min on 2 cores
 
 The data model is a mock galaxy-survey measurement of the linear matter power spectrum: P_m(k, z)
 at the config's redshifts on log-spaced k bins (``--kmin``/``--kmax`` in h/Mpc), with the Gaussian
@@ -62,10 +62,10 @@ FLAT = {"h": (0.55, 0.80), "omega_b": (0.015, 0.030), "omega_cdm": (0.08, 0.16),
         "tau_reio": (0.02, 0.12), "m_ncdm": (0.01, 0.6), "N_ur": (1.0, 5.0),
         "w0_fld": (-1.5, -0.5), "wa_fld": (-1.5, 1.5), "YHe": (0.2, 0.3), "T_cmb": (2.6, 2.8)}
 
-#: --quick: a CPU preset (reduced ℓmax, 3 momentum nodes, a 1000-node background/thermodynamics
+#: --quick: a CPU preset (ℓmax γ/pol/ur/ncdm 8/6/8/8, 3 momentum nodes, a 1000-node background/thermodynamics
 #: table, rtol 1e-4, ≤ 8 k bins, one k-chunk); the mock data come from the same model, so the
 #: reduced accuracy does not bias the inference (docs/inference.md)
-QUICK_PRECISION = dict(l_max_g=10, l_max_pol_g=8, l_max_ur=12, l_max_ncdm=8, n_q_ncdm=3,
+QUICK_PRECISION = dict(l_max_g=8, l_max_pol_g=6, l_max_ur=8, l_max_ncdm=8, n_q_ncdm=3,
                        rtol=1e-4, bg_n_lna=1000)
 QUICK_NK = 8
 
@@ -80,7 +80,7 @@ def build_parser():
     p.add_argument("--nuts", type=int, default=0, metavar="N", help="NUTS samples (numpyro)")
     p.add_argument("--warmup", type=int, default=None, help="NUTS warm-up steps (default N/2)")
     p.add_argument("--max-tree-depth", type=int, default=None,
-                   help="NUTS max tree depth (default 6; 3 with --quick)")
+                   help="NUTS max tree depth (default 6; 2 with --quick)")
     p.add_argument("--noiseless", action="store_true",
                    help="mock data = the fiducial P exactly (default: a --seed noise realisation)")
     p.add_argument("--volume", type=float, default=4.0, help="survey volume [Gpc^3/h^3]")
@@ -91,7 +91,7 @@ def build_parser():
     p.add_argument("--priors", default="tau_reio",
                    help="comma-separated parameters that get the PRIORS width (default tau_reio)")
     p.add_argument("--quick", action="store_true",
-                   help="CPU preset: ℓmax 10/8/12/8, 3 momentum nodes, 1000 table nodes, rtol 1e-4, "
+                   help="CPU preset: ℓmax 8/6/8/8, 3 momentum nodes, 1000 table nodes, rtol 1e-4, "
                         f"≤ {QUICK_NK} k bins, one k-chunk")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise realisation and NUTS")
     p.add_argument("--progress", type=int, default=100, metavar="N",
@@ -281,7 +281,7 @@ def nuts(model, h, args, out_dir, fisher_result, P0):
         numpyro.sample("P", dist.Normal(P, jsigma), obs=jdata)
 
     warmup = args.warmup if args.warmup is not None else max(args.nuts // 2, 10)
-    depth = args.max_tree_depth or (3 if args.quick else 6)
+    depth = args.max_tree_depth or (2 if args.quick else 6)
     # start away from the fiducial: a seeded draw of 2 Fisher σ per whitened direction
     u_init = 2.0 * np.random.default_rng(args.seed + 1).standard_normal(n)
     kernel = NUTS(numpyro_model, init_strategy=init_to_value(values={"u": jnp.asarray(u_init)}),

@@ -5,13 +5,14 @@
   by a gradient at the same θ solves once;
 * numpyro's NUTS through the callback recovers a known linear-Gaussian posterior, and
   ``infer.nuts`` (whitening, box prior, summary, figure) runs end to end on an analytic P(k);
-* the Boltzmann model (``PowerSpectrumModel``, tiny precision, one solve direction + analytic
-  A_s, n_s): the callback log-likelihood's gradient equals central differences of its values,
-  and the analytic primordial scaling equals ``spectra.power_from_transfer``;
+* the Boltzmann model (``PowerSpectrumModel``, tiny precision, analytic A_s, n_s; ω_cdm through
+  the joint solve in the slow test): the callback log-likelihood's gradient equals central
+  differences of its values, and the analytic primordial scaling equals
+  ``spectra.power_from_transfer`` of the model's own transfer function;
 * the CLI's argument checks.
 
-Cost on the 2-core dev machine: ~1 min, almost all the compile of the tiny Boltzmann Jacobian
-program and numpyro's sampler.
+Cost on the 2-core dev machine: ~1 min by default (numpyro's samplers and the tiny model's value
+program); ``-m slow`` adds the ω_cdm test (~1.5 min, the Jacobian program's compile).
 """
 from __future__ import annotations
 
@@ -95,6 +96,25 @@ def test_value_then_gradient_solves_once():
         f_cb(jnp.ones(4))
 
 
+def test_jitted_model_is_compiled_once():
+    """The callback restores the default-device setting: the model's jitted program compiled on
+    the main thread is reused from inside the callback (JAX sets the CPU device as default in
+    callbacks, which is part of the jit cache key: without the fix it is traced again)."""
+    traces = []
+
+    def vj_py(th):
+        traces.append(1)
+        return toy(th), jax.jacfwd(toy)(th)
+
+    vj = jax.jit(vj_py)
+    vj(TH0)                                                        # compiled here
+    f_cb = callback_function(CachedJacobian(vj, (X.size,), 3))
+    L = gaussian_loglike(f_cb, DATA, SIG)
+    jax.grad(L)(TH0 * 1.01)                                        # eager
+    jax.jit(jax.value_and_grad(L))(TH0 * 1.02)                     # from a compiled program
+    assert len(traces) == 1
+
+
 def test_numpyro_nuts_through_callback_recovers_linear_gaussian_posterior():
     """y = A θ + noise, flat prior: posterior N((AᵀC⁻¹A)⁻¹AᵀC⁻¹y, (AᵀC⁻¹A)⁻¹) exactly."""
     numpyro = pytest.importorskip("numpyro")
@@ -174,8 +194,7 @@ def test_infer_nuts_end_to_end_on_analytic_model(tmp_path):
 
 
 # ----------------------------------------------------------------------------- Boltzmann model
-@pytest.fixture(scope="module")
-def tiny_pk():
+def _tiny_model(parameters):
     from boltzmann.likelihood import PowerSpectrumModel
     from boltzmann.params import load_config
 
@@ -188,38 +207,52 @@ def tiny_pk():
                       "rtol": 1e-8},
     })
     k = np.array([0.02, 0.06, 0.15]) * 0.6736
-    return PowerSpectrumModel(config, ("n_s", "omega_cdm", "ln10^{10}A_s"), k, n_chunks=1)
+    return PowerSpectrumModel(config, parameters, k, n_chunks=1)
 
 
-def test_boltzmann_callback_gradient_equals_central_differences(tiny_pk):
-    m = tiny_pk
-    assert m.solve_parameters == ("omega_cdm",)
+def _check_gradient_and_scaling(m, shift, steps, transfer):
+    """jax.grad of the callback log-likelihood = central differences of its values; P = the
+    project's power_from_transfer with the shifted A_s, n_s; the analytic J columns."""
+    from boltzmann import spectra
+
     f_cb, cached = m.callback()
     P0, _ = m(m.theta0)
     data = P0 * np.array([1.03, 0.98, 1.01])
     L = gaussian_loglike(f_cb, data, 0.01 * P0)
-    th = m.theta0 + np.array([0.01, 0.002, -0.02])
+    th = m.theta0 + shift
     g = np.asarray(jax.grad(L)(jnp.asarray(th)))
-    steps = np.array([1e-3, 1e-4, 1e-3])
     fd = np.array([(float(L(th + s * e)) - float(L(th - s * e))) / (2 * s)
-                   for s, e in zip(steps, np.eye(3))])
+                   for s, e in zip(steps, np.eye(len(th)))])
     assert np.min(np.abs(fd)) > 10.0                              # every component non-trivial
     np.testing.assert_allclose(g, fd, rtol=2e-4)
 
-
-def test_boltzmann_primordial_scaling(tiny_pk):
-    """P from the analytic A_s, n_s scaling = power_from_transfer of the same transfer."""
-    from boltzmann import spectra
-
-    m = tiny_pk
-    th = m.theta0 + np.array([0.03, 0.004, -0.1])                 # n_s, ω_cdm, ln10^{10}A_s
     P, J = m(th)
-    val, _ = m.fn.jacobian(np.array([th[1]]))
-    A_s = 1e-10 * np.exp(th[2])
-    ref = spectra.power_from_transfer(m.k, np.asarray(val["d_m"]), A_s, th[0], 0.05)
+    names = list(m.parameters)
+    A_s = 1e-10 * np.exp(th[names.index("ln10^{10}A_s")])
+    n_s = th[names.index("n_s")]
+    ref = spectra.power_from_transfer(m.k, transfer(th), A_s, n_s, 0.05)
     np.testing.assert_allclose(P, np.asarray(ref), rtol=1e-12)
-    np.testing.assert_allclose(J[..., 2], P, rtol=1e-14)
-    np.testing.assert_allclose(J[..., 0], P * np.log(m.k / 0.05), rtol=1e-14)
+    np.testing.assert_allclose(J[..., names.index("ln10^{10}A_s")], P, rtol=1e-14)
+    np.testing.assert_allclose(J[..., names.index("n_s")], P * np.log(m.k / 0.05), rtol=1e-14)
+
+
+def test_primordial_parameters_through_callback():
+    """ln10^{10}A_s, n_s only: the value program once (~30 s compile), analytic Jacobian."""
+    m = _tiny_model(("n_s", "ln10^{10}A_s"))
+    assert m.solve_parameters == ()
+    _check_gradient_and_scaling(
+        m, np.array([0.03, -0.1]), np.array([1e-4, 1e-4]),
+        lambda th: np.asarray(m.fn(m.fn.theta0)["d_m"]))
+
+
+@pytest.mark.slow
+def test_boltzmann_callback_gradient_equals_central_differences():
+    """ω_cdm through the joint solve (+ A_s, n_s analytic): ~75 s compile on 2 cores, hence slow."""
+    m = _tiny_model(("n_s", "omega_cdm", "ln10^{10}A_s"))
+    assert m.solve_parameters == ("omega_cdm",)
+    _check_gradient_and_scaling(
+        m, np.array([0.01, 0.002, -0.02]), np.array([1e-3, 1e-4, 1e-3]),
+        lambda th: np.asarray(m.fn.jacobian(np.array([th[1]]))[0]["d_m"]))
 
 
 # ----------------------------------------------------------------------------- CLI checks
