@@ -176,6 +176,9 @@ def _eb_direction(model, table, params, y0):
     return dtab, dp, 0.01 * y0
 
 
+@pytest.mark.slow  # 75-115 s on the 2-core CI machine (the JAX reference's compile); the CI
+# budget is 20 min. The same kernel path runs in CI on Robertson/linear/bilinear, and on the GPU
+# test_cuda_probe_eb_with_tangent_table checks the EB device functions with a tangent table.
 def test_emulated_eb_model_with_tangent_table(eb_small):
     """The EB model (n = 50, tables through rhs.table_split) with a tangent table, a parameter
     tangent and an initial-state tangent in one direction: the kernel's tangent equals
