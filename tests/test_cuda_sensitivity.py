@@ -23,18 +23,7 @@ from solver.sensitivity import joint_solve, solve_diff
 from solver.status import Status
 
 from test_cuda_backend import EB_ATOL, EB_RTOL, _eb_setup, blowup_rhs
-
-
-def linear_rhs(y, t, p):
-    # y' = A(θ) y with A = [[-a, b], [0, -c]] (closed form below)
-    return (-p[0] * y[0] + p[1] * y[1], -p[2] * y[1])
-
-
-def linear_exact(y0, p, t):
-    a, b, c = p[0], p[1], p[2]
-    y2 = y0[1] * jnp.exp(-c * t)
-    y1 = y0[0] * jnp.exp(-a * t) + b * y0[1] * (jnp.exp(-c * t) - jnp.exp(-a * t)) / (a - c)
-    return jnp.stack([y1, y2], -1)
+from test_sensitivity import linear_exact, linear_rhs  # y' = A(θ) y and its closed form
 
 
 def _rel_err(got, ref):
