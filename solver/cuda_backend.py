@@ -206,6 +206,18 @@ def _load_module(source: str, stem: str, tag: str, owner: int):
     return mod, str(path)
 
 
+def device_functions(plan) -> dict:
+    """The Python functions compiled into a kernel besides ``plan.source``, by the module global
+    each becomes: ``rhs`` (the differentiated primal: the table split's core, or the rhs itself)
+    and, with tables, the lookups ``table_values`` / ``table_values_dt``.  ``_bind_gpu`` compiles
+    exactly these, and ``solver.cuda_ffi`` fingerprints them for its kernel-image cache key."""
+    split = getattr(plan, "split", None)
+    if split is not None:
+        return {"rhs": split.core_device, "table_values": split.lookup_device,
+                "table_values_dt": split.lookup_dt_device}
+    return {"rhs": plan.rhs}
+
+
 def _bind_gpu(mod, plan, second_order: bool = False):
     """Inject the numba-cuda-mlir / numba-enzyme-cuda globals a generated module expects (see
     solver.cuda_codegen): ``cuda``, ``F64``, the device primal ``rhs`` (the table-free core with
@@ -215,17 +227,17 @@ def _bind_gpu(mod, plan, second_order: bool = False):
     cuda, types, jvp = _cuda_modules()
     f64 = types.float64
     n, P = plan.n, plan.spec.n_params
+    fns = device_functions(plan)
+    rhs_dev = cuda.jit(device=True)(fns["rhs"])
     if plan.split is not None:
         # the differentiated primal is the table-free core; the lookups stay plain device
         # functions reading the args array (outside Enzyme)
         T = int(plan.split.n_tv)
-        rhs_dev = cuda.jit(device=True)(plan.split.core_device)
         sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P),
                                      types.UniTuple(f64, T))
-        mod.table_values = cuda.jit(device=True)(plan.split.lookup_device)
-        mod.table_values_dt = cuda.jit(device=True)(plan.split.lookup_dt_device)
+        mod.table_values = cuda.jit(device=True)(fns["table_values"])
+        mod.table_values_dt = cuda.jit(device=True)(fns["table_values_dt"])
     else:
-        rhs_dev = cuda.jit(device=True)(plan.rhs)
         sig = types.UniTuple(f64, n)(types.UniTuple(f64, n), f64, types.UniTuple(f64, P))
     mod.cuda = cuda
     mod.F64 = f64

@@ -456,14 +456,11 @@ def _fingerprint(obj, h, seen: dict) -> None:
 
 
 def _device_functions(plan) -> list:
-    """The Python functions ``cuda_backend._bind_gpu`` compiles into the kernel besides
-    ``plan.source``: the table split's core and lookups, or the rhs itself (keep in step with
-    _bind_gpu)."""
-    split = getattr(plan, "split", None)
-    if split is not None:
-        return [("core_device", split.core_device), ("lookup_device", split.lookup_device),
-                ("lookup_dt_device", split.lookup_dt_device)]
-    return [("rhs", plan.rhs)]
+    """(global name, function) of what ``cuda_backend._bind_gpu`` compiles into the kernel
+    besides ``plan.source`` (one definition: ``cuda_backend.device_functions``)."""
+    from .cuda_backend import device_functions
+
+    return sorted(device_functions(plan).items())
 
 
 def _device_code_digest(plan) -> str:
