@@ -74,6 +74,7 @@ def test_projection_from_measured_rows(bench):
     assert b.refuse(10.0) is None
 
 
+@pytest.mark.slow  # ~30 s (XLA compiles); the CI budget is 20 min; `pytest -m slow` runs it
 def test_quick_vdp_row_runs(bench, tmp_path):
     """One real row: the JAX backend on a small lattice ensemble (compiles the solver once)."""
     rc = bench.main(["--quick", "--backends", "jax", "--parts", "a", "--sizes", "8",
