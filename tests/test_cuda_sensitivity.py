@@ -208,6 +208,7 @@ def test_lookup_geometry_tangent_is_refused(eb_small):
                              t0=x0, error_weights=w)
 
 
+@pytest.mark.slow  # ~16 s; CI budget (20 min on 2 cores)
 def test_emulated_failed_direction_marks_trajectory():
     """A blowing-up trajectory fails in every direction; the others are OK; dys_or_nan gives NaN
     after the failure, as the JAX joint solve does."""
