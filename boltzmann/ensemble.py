@@ -43,7 +43,7 @@ from solver.status import describe
 from . import perturbations as pt
 from . import spectra
 from .params import Config, CosmoParams, load_config
-from .pipeline import host_cpu
+from .pipeline import compute_tables, host_cpu
 from .thermodynamics import compute_thermodynamics
 
 __all__ = ["EnsembleResult", "StructureMismatch", "run_ensemble", "fiducial_ensemble",
@@ -283,14 +283,11 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     grid = pt.make_grid(precision)
     fns = _functions(model, grid)
     stacked = stack_cosmologies(cosmologies)
-    cpu = host_cpu() if C <= HOST_TABLES_MAX else None
-    if cpu is None:
-        tab, derived = _tables_in_chunks(fns.tables, stacked, C)
-    else:  # few cosmologies: the sequential table scan is faster on the host (pipeline.host_cpu)
-        with jax.default_device(cpu):
-            tab, derived = _tables_in_chunks(fns.tables, stacked, C)
-        tab = np.asarray(tab)
-    tables_device = "cpu" if cpu is not None else jax.default_backend()
+    # few cosmologies: the sequential table scan is faster on the host (pipeline.host_cpu)
+    on_host = C <= HOST_TABLES_MAX and host_cpu() is not None
+    tab, derived = compute_tables(lambda st: _tables_in_chunks(fns.tables, st, C), stacked,
+                                  on_host=on_host)
+    tables_device = "cpu" if on_host else jax.default_backend()
     timings["tables"] = time.perf_counter() - t0
 
     # ---- 2. parameter rows and initial states, packed k-major

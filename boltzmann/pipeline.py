@@ -42,9 +42,10 @@ def host_cpu():
         return None
 
 
-def compute_tables(fn, cosmo):
-    """``fn(cosmo)`` on the host CPU when an accelerator is the default device (host_cpu)."""
-    cpu = host_cpu()
+def compute_tables(fn, cosmo, on_host: bool = True):
+    """``fn(cosmo)`` on the host CPU when ``on_host`` and an accelerator is the default device
+    (host_cpu; the result then comes back as numpy arrays), else on the default device."""
+    cpu = host_cpu() if on_host else None
     if cpu is None:
         return jax.block_until_ready(fn(cosmo))
     with jax.default_device(cpu):

@@ -666,11 +666,7 @@ def _emit_jac_kernel(spec: KernelSpec) -> list[str]:
 
 def generate_kernel_source(spec: KernelSpec) -> str:
     """The full module text (see the module docstring for what it defines and expects)."""
-    if spec.n_params < 1:
-        raise ValueError("n_params must be >= 1 (pad P = 0 with a dummy parameter)")
-    if spec.has_args and spec.n_tv < 1:
-        raise ValueError("args reach the kernel only as tables through a TableSplit (n_tv >= 1): "
-                         "Enzyme's CUDA jvp cannot take an array argument")
+    _check_spec(spec)
     tables = (f"rhs(y, t, p, tv) is the table-free core; tv = table_values(t, p, args) "
               f"({spec.n_tv} values), d tv/dt = table_values_dt(t, p, args); args is the tables' "
               "C-contiguous float64 device array, of the model's own ndim.") if spec.n_tv else \
@@ -685,6 +681,15 @@ def generate_kernel_source(spec: KernelSpec) -> str:
     body = _emit_helpers(spec) + _emit_kernel(spec) + _emit_jac_kernel(spec)
     return "\n".join(head) + "\n" + lu_source_to_out_form(spec.lu_source) + "\n\n" + \
         "\n".join(body) + "\n"
+
+
+def _check_spec(spec: KernelSpec) -> None:
+    """What every generated kernel needs of its spec (plain and sensitivity kernels alike)."""
+    if spec.n_params < 1:
+        raise ValueError("n_params must be >= 1 (pad P = 0 with a dummy parameter)")
+    if spec.has_args and spec.n_tv < 1:
+        raise ValueError("args reach the kernel only as tables through a TableSplit (n_tv >= 1): "
+                         "Enzyme's CUDA jvp cannot take an array argument")
 
 
 def _emit_sens_probe_kernel(spec: KernelSpec) -> list[str]:
@@ -722,10 +727,7 @@ def generate_sens_kernel_source(spec: KernelSpec) -> str:
     """The sensitivity module's text: LU, ``f_eval``/``jac_eval``, the s-block helpers and
     ``sens_kernel`` (module docstring, "Sensitivity kernel").  Same spec as the plain kernel:
     the y block is the plain kernel's arithmetic line for line."""
-    if spec.n_params < 1:
-        raise ValueError("n_params must be >= 1 (pad P = 0 with a dummy parameter)")
-    if spec.has_args and spec.n_tv < 1:
-        raise ValueError("args reach the kernel only as tables through a TableSplit (n_tv >= 1)")
+    _check_spec(spec)
     tables = ("dargs: (m or 1, *args.shape) tangent tables (one all-zero table when the tables "
               "are not differentiated); dtv = table_values(t, p, dargs[d]).") if spec.n_tv else \
         "args, dargs: unused float64 dummies of shapes (1,) and (1, 1)."
