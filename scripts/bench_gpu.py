@@ -693,6 +693,13 @@ def run_grad(args, report, budget, cfg, dead):
         why = dead.get(b) or budget.refuse(PRIOR_FIRST_S[key])
         if why:
             row.update(status="skipped", note=why)
+        elif b == "jax" and jax.default_backend() != "cpu":
+            # the JAX joint solve is a chain of small dependent ops per step: on the GPU it runs
+            # at launch latency (H200, 2026-11-30: not finished after 17 min), so the JAX row
+            # of (d) is measured on this host's CPU and labelled so
+            row["backend"] = "jax (host CPU)"
+            with jax.default_device(jax.devices("cpu")[0]):
+                _grad_row(row, b, cfg, names, args.grad_batch, budget)
         else:
             _grad_row(row, b, cfg, names, args.grad_batch, budget)
         report.row("grad", row, _grad_line(row))

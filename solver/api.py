@@ -146,7 +146,7 @@ class _Plan:
     """Everything derived once from (rhs, n, n_params, options): structure, LU, jitted solve."""
 
     def __init__(self, rhs, n, n_params, has_args, args_example, sparsity, linear_solver, tab,
-                 ctrl, max_steps):
+                 ctrl, max_steps, *, linear=None, seed_columns=None):
         from . import jax_backend
 
         self.n = n
@@ -160,15 +160,23 @@ class _Plan:
         from .sparsity import solver_pattern
         self.pattern = pattern = solver_pattern(rhs, n, n_params, sparsity,
                                                 args_example if has_args else None)
-        self.linear = build_linear_solver(pattern, method=linear_solver)
-        self.jac, self.n_colors = _make_jacobian(rhs, has_args, pattern, self.linear)
+        # linear / seed_columns: a prebuilt solver for a structured W and the columns J is
+        # taken over (the forward-sensitivity solve's block-triangular system, solver.sensitivity)
+        self.linear = linear if linear is not None else build_linear_solver(pattern,
+                                                                            method=linear_solver)
+        jac_pattern = pattern
+        if seed_columns is not None:
+            jac_pattern = np.zeros_like(pattern)
+            jac_pattern[:, seed_columns] = pattern[:, seed_columns]
+        self.jac, self.n_colors = _make_jacobian(rhs, has_args, jac_pattern, self.linear,
+                                                 seed_columns)
         self.run = jax.jit(jax_backend.make_ensemble_solver(f, self.jac, self.linear, tab, ctrl,
                                                             max_steps))
 
 
-def _make_jacobian(rhs, has_args, pattern, linear):
+def _make_jacobian(rhs, has_args, pattern, linear, seed_columns=None):
     """f, J (in the linear solver's slot layout) and ∂f/∂t by colour-compressed JVP sweeps."""
-    plan = build_jacobian_plan(pattern, linear)
+    plan = build_jacobian_plan(pattern, linear, seed_columns=seed_columns)
 
     if has_args:
         def jac(y, t, p, args):

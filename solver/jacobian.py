@@ -98,12 +98,18 @@ class JacobianPlan:
 
 
 def build_jacobian_plan(pattern, linear_solver=None, *, slot_rows=None, slot_cols=None,
-                        colors=None, mode: str = "vmap") -> JacobianPlan:
+                        colors=None, mode: str = "vmap", seed_columns=None) -> JacobianPlan:
     """Plan the compressed Jacobian of an rhs with structure ``pattern`` (``[i, j]``: f_i needs y_j).
 
     The slot layout comes from ``linear_solver`` (its ``slot_rows``/``slot_cols``) or from explicit
     ``slot_rows``/``slot_cols``; neither given → dense row-major ``n*n`` slots.  ``colors``
     (optional) overrides :func:`solver.coloring.color_columns`; it is checked for orthogonality.
+
+    ``seed_columns`` (optional, indices): differentiate only these columns.  The others are never
+    seeded, so their entries of J are neither computed nor able to pollute the ones read back;
+    ``pattern`` must then have no entries in them, and their slots receive 0.  The forward-
+    sensitivity solve uses it to take ``[J; H_1; ..; H_m]`` by sweeps over y alone (the s blocks'
+    copies of J are not needed by :func:`solver.linear.build_block_triangular_solver`).
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
@@ -136,6 +142,12 @@ def build_jacobian_plan(pattern, linear_solver=None, *, slot_rows=None, slot_col
         check_coloring(pat, colors)
         n_colors = int(colors.max()) + 1 if colors.size else 0
     seeds = seed_matrix(colors, n_colors).T.copy()
+    if seed_columns is not None:
+        seeded = np.zeros(n, dtype=bool)
+        seeded[np.asarray(seed_columns, dtype=np.int64)] = True
+        if np.any(pat[:, ~seeded]):
+            raise ValueError("pattern has entries in columns outside seed_columns")
+        seeds[:, ~seeded] = 0.0
     in_pattern = pat[slot_rows, slot_cols]
     gather_index = np.where(in_pattern, colors[slot_cols] * n + slot_rows, n_colors * n)
     return JacobianPlan(n=n, n_colors=n_colors, colors=colors, seeds=seeds,

@@ -26,7 +26,8 @@ from .codegen import compile_functions
 from .sparse_lu import (SymbolicLU, _check_pattern, generate_lu_source, level_lu_functions,
                         symbolic_lu, table_lu_functions)
 
-__all__ = ["LinearSolver", "build_linear_solver", "DENSE_MAX_N", "UNROLL_MAX_OPS"]
+__all__ = ["LinearSolver", "build_linear_solver", "build_block_triangular_solver", "DENSE_MAX_N",
+           "UNROLL_MAX_OPS"]
 
 #: ``method="auto"`` uses the dense pivoted LU up to this size (measured, see docs).
 DENSE_MAX_N = 6
@@ -153,3 +154,64 @@ def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = 
     if method == "dense":
         return _dense_solver(n)
     return _sparse_solver(pat, unroll_max_ops, jax_impl)
+
+
+def build_block_triangular_solver(base_pattern, coupling, m: int, method: str = "auto",
+                                  **kwargs) -> LinearSolver:
+    """Linear solver for the Rosenbrock matrix of a forward-sensitivity solve (DESIGN §8).
+
+    The joint state ``z = [y, s_1 .. s_m]`` (n each) has the block lower-triangular Jacobian
+    ``[[J, 0, ..], [H_1, J, 0, ..], .., [H_m, 0, .., J]]`` (``H_d = ∂s_d'/∂y``), so
+    ``W = I/(hγ) - J_joint`` is solved exactly by factoring ``W0 = I/(hγ) - J`` once and
+    substituting forward: ``W0 u = b_y``, then ``W0 v_d = b_d + H_d u`` for every direction.
+    That is the CUDA sensitivity kernel's staggered solve; factoring the whole (m+1)n system
+    instead costs ~30× the operations of W0 alone for the reduced EB model with m = 10
+    (docs/gradients.md).
+
+    Slot layout: W0's slots (``base``, fill included) first, then per direction the diagonal
+    entries of its s block (only so that ``w[diag_slots] += 1/(hγ)`` has somewhere to go: the
+    s-block copies of J are neither computed nor read, see ``build_jacobian_plan(seed_columns=)``)
+    and the entries of ``coupling`` (the pattern of H_d, shared by all directions).
+    ``method`` and ``kwargs`` go to :func:`build_linear_solver` for W0.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    base = build_linear_solver(base_pattern, method=method, **kwargs)
+    n, nb = base.n, base.nslots
+    cpl = np.asarray(coupling, dtype=bool)
+    if cpl.shape != (n, n):
+        raise ValueError(f"coupling must have shape {(n, n)}, got {cpl.shape}")
+    if m < 1:
+        raise ValueError(f"a block-triangular solve needs m >= 1 directions, got {m}")
+    cr, cc = np.nonzero(cpl)
+    nc = cr.size
+    per = n + nc                                   # slots per direction: diagonal + coupling
+    rows, cols = [base.slot_rows], [base.slot_cols]
+    diag = [base.diag_slots]
+    for d in range(m):
+        off = n * (1 + d)
+        rows += [np.arange(n) + off, cr + off]
+        cols += [np.arange(n) + off, cc]
+        diag.append(nb + d * per + np.arange(n))
+    slot_rows = np.concatenate(rows).astype(np.int64)
+    slot_cols = np.concatenate(cols).astype(np.int64)
+    is_fill = np.concatenate([base.is_fill, np.zeros(m * per, dtype=bool)])
+
+    def factor(w):
+        w = jnp.asarray(w)
+        wc = w[nb:].reshape(m, per)[:, n:]              # (m, nc): W's (s_d, y) entries = -H_d
+        return base.factor(w[:nb]), wc
+
+    def solve(lu, b):
+        lu0, wc = lu
+        b = jnp.asarray(b)
+        u = base.solve(lu0, b[:n])
+        wu = jnp.zeros((m, n), dtype=b.dtype).at[:, cr].add(wc * u[cc])   # W_(d,y) u
+        v = jax.vmap(lambda r: base.solve(lu0, r))(b[n:].reshape(m, n) - wu)
+        return jnp.concatenate([u, v.reshape(-1)])
+
+    return LinearSolver(n=n * (1 + m), nslots=int(slot_rows.size),
+                        diag_slots=np.concatenate(diag).astype(np.int64), slot_rows=slot_rows,
+                        slot_cols=slot_cols, is_fill=is_fill, method=f"block-{base.method}",
+                        factor=factor, solve=solve)

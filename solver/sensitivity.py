@@ -77,6 +77,7 @@ except ImportError:  # pragma: no cover
 from . import api
 from .controller import PIDController
 from .cuda_backend import CudaBackendUnavailable
+from .linear import build_block_triangular_solver
 from .sparsity import detect_sparsity
 from .tableau import RODAS5P
 
@@ -374,10 +375,14 @@ def _joint_plan(cfg, m, mask, args):
         base, coupling = _aug_pattern(cfg, mask, base, args, cfg.jacobian)
         pattern = _block_pattern(base, coupling, m)
         aug = _make_aug(cfg, m, mask, cfg.jacobian)
+        # W is block lower-triangular: factor the y block once and substitute (staggered, as
+        # the CUDA kernel does); J and the couplings H_d come from sweeps over y alone
+        linear = build_block_triangular_solver(base, coupling, m, method=cfg.linear_solver)
         with jax.ensure_compile_time_eval():
             plan = api._Plan(aug, cfg.n * (1 + m), cfg.P * (1 + m), True,
                              _aug_args(cfg, args, mask, m), pattern, cfg.linear_solver,
-                             cfg.tableau, cfg.ctrl, cfg.max_steps)
+                             cfg.tableau, cfg.ctrl, cfg.max_steps, linear=linear,
+                             seed_columns=np.arange(cfg.n))
         COUNTERS["plans"] += 1
         _JOINT_PLANS[key] = plan
     return plan

@@ -358,6 +358,7 @@ def test_cuda_power_spectrum_gradients_match_jax():
     pool)."""
     from boltzmann.gradients import PowerSpectrumFunction
     from boltzmann.params import load_config
+    from boltzmann.pipeline import host_cpu
 
     # the reduced-precision model of tests/test_gradients.py (a backend comparison needs no
     # converged hierarchy; it keeps the JAX reference's joint solve small)
@@ -373,7 +374,12 @@ def test_cuda_power_spectrum_gradients_match_jax():
     params = ("h", "omega_cdm", "tau_reio", "m_ncdm")
     kw = dict(parameters=params, k=k, z=[0.0], n_chunks=1, with_sigma8=False)
     cu = PowerSpectrumFunction(cfg, backend="cuda", **kw).dlnpk()
-    jx = PowerSpectrumFunction(cfg, backend="jax", **kw).dlnpk()
+    # the JAX reference on the host CPU: the JAX backend's joint solve is a chain of small
+    # dependent ops per step, which on the GPU runs at kernel-launch latency (2026-11-30, H200:
+    # this test's JAX half had not finished after 17 min there; the CUDA half takes ~3 min,
+    # compiles included — scripts/profile_cuda_sensitivity.py)
+    with jax.default_device(host_cpu() or jax.devices()[0]):
+        jx = PowerSpectrumFunction(cfg, backend="jax", **kw).dlnpk()
     np.testing.assert_allclose(cu["P_m"], jx["P_m"], rtol=1e-4)
     d_cu, d_jx = cu["dlnP_m"][0], jx["dlnP_m"][0]                     # (n_k, n_θ)
     scale = np.abs(d_jx).max(axis=0)
