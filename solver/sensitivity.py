@@ -22,6 +22,9 @@ How (details and measurements in docs/gradients.md):
   with the same Rodas5P solver.  The solver's Jacobian of this augmented rhs is taken by forward
   AD of the jvp, i.e. forward-over-forward: it contains ``d²f/dy² · s_d`` exactly (the block
   ``∂s_d'/∂y``); DESIGN §8 explains why the block-diagonal approximation is not acceptable.
+  The joint W is block lower-triangular with W0 = I/(hγ) - J on every diagonal block, so it is
+  solved staggered (``solver.linear.build_block_triangular_solver``: W0 factored once, the
+  direction blocks by forward substitution) and the Jacobian is swept over the y columns only.
 * Batching: ``jax.jacfwd`` (``vmap`` over tangents) reaches the primitive's batching rule, which
   puts all B requested directions into ONE joint solve ``[y, s_1..s_B]`` — or, when B exceeds the
   number K of independent input components per trajectory (K = n for y0 + P for params + the size

@@ -362,14 +362,7 @@ def test_cuda_power_spectrum_gradients_match_jax():
 
     # the reduced-precision model of tests/test_gradients.py (a backend comparison needs no
     # converged hierarchy; it keeps the JAX reference's joint solve small)
-    cfg = load_config({
-        "cosmology": {"h": 0.6736, "omega_b": 0.02237, "omega_cdm": 0.12, "A_s": 2.1e-9,
-                      "n_s": 0.9649, "k_pivot": 0.05, "tau_reio": 0.0544, "YHe": 0.2454,
-                      "T_cmb": 2.7255, "N_ur": 2.0308, "m_ncdm": [0.06], "deg_ncdm": [1.0]},
-        "output": {"z": [0.0], "k_min": 1e-3, "k_max": 1.0, "k_per_decade": 2},
-        "precision": dict(l_max_g=10, l_max_pol_g=8, l_max_ur=12, l_max_ncdm=8, n_q_ncdm=3,
-                          rtol=1e-7),
-    })
+    cfg = load_config("lcdm_reduced")
     k = np.logspace(-3.0, 0.0, 12) * float(cfg.cosmology.h)
     params = ("h", "omega_cdm", "tau_reio", "m_ncdm")
     kw = dict(parameters=params, k=k, z=[0.0], n_chunks=1, with_sigma8=False)

@@ -11,6 +11,7 @@ converged for the self-consistency test). CPU cost: ~1-2 min compile + run.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -29,15 +30,11 @@ FD_STEP = {"h": 2e-3 * H, "omega_b": 2e-3 * 0.02237, "omega_cdm": 2e-3 * 0.12,
 
 
 def _config(rtol, precision=None):
-    prec = dict(l_max_g=10, l_max_pol_g=8, l_max_ur=12, l_max_ncdm=8, n_q_ncdm=3, rtol=rtol)
-    prec.update(precision or {})
-    return load_config({
-        "cosmology": {"h": H, "omega_b": 0.02237, "omega_cdm": 0.12, "A_s": 2.1e-9,
-                      "n_s": 0.9649, "k_pivot": 0.05, "tau_reio": 0.0544, "YHe": 0.2454,
-                      "T_cmb": 2.7255, "N_ur": 2.0308, "m_ncdm": [0.06], "deg_ncdm": [1.0]},
-        "output": {"z": [0.0], "k_min": 1e-3, "k_max": 1.0, "k_per_decade": 2},
-        "precision": prec,
-    })
+    """configs/lcdm_reduced.yaml (lcdm's cosmology, a short hierarchy, 1e-3..1 h/Mpc, z = 0) at
+    ``rtol``, with optional further precision overrides."""
+    cfg = load_config("lcdm_reduced")
+    prec = dataclasses.replace(cfg.precision, rtol=rtol, **(precision or {}))
+    return dataclasses.replace(cfg, precision=prec)
 
 
 def _reference():

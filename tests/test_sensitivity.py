@@ -180,8 +180,14 @@ def test_plain_call_does_not_run_joint_system():
 
 
 def test_errors_are_clear():
+    from solver.backends import cuda_available
+    from solver.cuda_backend import CudaBackendUnavailable
+
     with pytest.raises(ValueError, match="backend"):
-        solve_diff(forced_rhs, [[1.0]], TS, [[1.0, 1.0]], backend="cuda")
+        solve_diff(forced_rhs, [[1.0]], TS, [[1.0, 1.0]], backend="gpu")
+    if not cuda_available()[0]:
+        with pytest.raises(CudaBackendUnavailable):
+            solve_diff(forced_rhs, [[1.0]], TS, [[1.0, 1.0]], backend="cuda")
     with pytest.raises(TypeError, match="unexpected"):
         solve_diff(forced_rhs, [[1.0]], TS, [[1.0, 1.0]], bogus=1)
     with pytest.raises(ValueError, match="params"):
