@@ -57,11 +57,16 @@ from . import spectra
 from .params import ConfigError, CosmoParams
 from .thermodynamics import compute_thermodynamics
 
-__all__ = ["PARAMETERS", "PowerSpectrumFunction"]
+__all__ = ["PARAMETERS", "PowerSpectrumFunction", "available_parameters"]
 
 #: the issue's parameter list, in this order (config names)
 PARAMETERS = ("h", "omega_b", "omega_cdm", "ln10^{10}A_s", "n_s", "tau_reio", "m_ncdm", "N_ur",
               "w0_fld", "wa_fld")
+
+
+def available_parameters(cosmo) -> tuple:
+    """The PARAMETERS a cosmology can be differentiated in (m_ncdm only with massive species)."""
+    return tuple(p for p in PARAMETERS if p != "m_ncdm" or cosmo.n_ncdm > 0)
 
 _SCALARS = ("h", "omega_b", "omega_cdm", "A_s", "n_s", "tau_reio", "N_ur", "w0_fld", "wa_fld",
             "YHe", "T_cmb", "k_pivot")

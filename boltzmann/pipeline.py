@@ -194,10 +194,10 @@ def run(config, *, backend: str = "auto", progress=None, gradients: bool = False
                "z_star": float(thermo.z_star), "z_drag": float(thermo.z_drag)}
     grad_summary = grad_tables = None
     if gradients:
-        from .gradients import PARAMETERS, PowerSpectrumFunction
+        from .gradients import PowerSpectrumFunction, available_parameters
 
         t0 = time.perf_counter()
-        names = [p for p in PARAMETERS if p != "m_ncdm" or cosmo.n_ncdm > 0]
+        names = available_parameters(cosmo)
         progress("gradients", 0, 1)
         fn = PowerSpectrumFunction(config, parameters=names, k=k, z=zs)
         grad_tables = fn.dlnpk()

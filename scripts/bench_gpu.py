@@ -673,12 +673,14 @@ def run_one(args, report, budget, cfg, dead):
 # =========================================================================== (d) gradients
 def grad_parameters(cfg) -> list:
     """Every parameter of boltzmann.gradients.PARAMETERS this config can be differentiated in."""
-    from boltzmann.gradients import PARAMETERS
+    from boltzmann.gradients import available_parameters
 
-    return [p for p in PARAMETERS if p != "m_ncdm" or cfg.cosmology.n_ncdm > 0]
+    return list(available_parameters(cfg.cosmology))
 
 
 def run_grad(args, report, budget, cfg, dead):
+    from boltzmann.pipeline import host_cpu
+
     names = grad_parameters(cfg)
     K = len(cfg.output.k_grid(float(cfg.cosmology.h)))
     report.print(f"\n## (d) gradients: {args.config}, {K} k, z = {list(cfg.output.z)}, "
@@ -693,12 +695,12 @@ def run_grad(args, report, budget, cfg, dead):
         why = dead.get(b) or budget.refuse(PRIOR_FIRST_S[key])
         if why:
             row.update(status="skipped", note=why)
-        elif b == "jax" and jax.default_backend() != "cpu":
+        elif b == "jax" and host_cpu() is not None:
             # the JAX joint solve is a chain of small dependent ops per step: on the GPU it runs
             # at launch latency (H200, 2026-11-30: not finished after 17 min), so the JAX row
             # of (d) is measured on this host's CPU and labelled so
             row["backend"] = "jax (host CPU)"
-            with jax.default_device(jax.devices("cpu")[0]):
+            with jax.default_device(host_cpu()):
                 _grad_row(row, b, cfg, names, args.grad_batch, budget)
         else:
             _grad_row(row, b, cfg, names, args.grad_batch, budget)

@@ -146,7 +146,7 @@ def validate_args(parser, args):
 
 def _setup(args):
     from boltzmann.cli import resolve_config_path
-    from boltzmann.gradients import PARAMETERS
+    from boltzmann.gradients import available_parameters
     from boltzmann.likelihood import PowerSpectrumModel
     from boltzmann.params import load_config
 
@@ -163,7 +163,7 @@ def _setup(args):
     if args.params:
         names = _names(args.params)
     else:
-        names = tuple(p for p in PARAMETERS if p != "m_ncdm" or cosmo.n_ncdm > 0)
+        names = available_parameters(cosmo)
     h = float(cosmo.h)
     k = np.geomspace(args.kmin, args.kmax, args.nk) * h                      # 1/Mpc
     model = PowerSpectrumModel(config, names, k, **kw)

@@ -760,11 +760,10 @@ def _compile_and_register(plan, kernel_args, example, in_ranks, out_ranks, layou
                 "numba-cuda-mlir's argument lowering differs from what solver.cuda_ffi assumes.")
     key = _register_image(image, func_name)
     COUNTERS["compile_seconds"] += compile_s
-    from . import cuda_backend
+    from .cuda_backend import _kernel_attr
 
-    attr = getattr(cuda_backend, "_kernel_attr", None)
-    local_mem = attr(disp, "get_local_mem_per_thread") if attr else None
-    regs = attr(disp, "get_regs_per_thread") if attr else None
+    local_mem = _kernel_attr(disp, "get_local_mem_per_thread")
+    regs = _kernel_attr(disp, "get_regs_per_thread")
     if key_hex is not None:
         meta = {"func_name": func_name, "layout": [int(v) for v in np.asarray(layout)],
                 "n_params": int(expected), "compile_seconds": compile_s,

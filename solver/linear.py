@@ -156,7 +156,7 @@ def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = 
     return _sparse_solver(pat, unroll_max_ops, jax_impl)
 
 
-def build_block_triangular_solver(base_pattern, coupling, m: int, method: str = "auto",
+def build_block_triangular_solver(base, coupling, m: int, method: str = "auto",
                                   **kwargs) -> LinearSolver:
     """Linear solver for the Rosenbrock matrix of a forward-sensitivity solve (DESIGN §8).
 
@@ -172,12 +172,15 @@ def build_block_triangular_solver(base_pattern, coupling, m: int, method: str = 
     entries of its s block (only so that ``w[diag_slots] += 1/(hγ)`` has somewhere to go: the
     s-block copies of J are neither computed nor read, see ``build_jacobian_plan(seed_columns=)``)
     and the entries of ``coupling`` (the pattern of H_d, shared by all directions).
-    ``method`` and ``kwargs`` go to :func:`build_linear_solver` for W0.
+
+    ``base``: W0's :class:`LinearSolver` (the plain solve's, reused as it is), or W0's pattern,
+    for which one is built with ``method`` and ``kwargs`` (:func:`build_linear_solver`).
     """
     import jax
     import jax.numpy as jnp
 
-    base = build_linear_solver(base_pattern, method=method, **kwargs)
+    if not isinstance(base, LinearSolver):
+        base = build_linear_solver(base, method=method, **kwargs)
     n, nb = base.n, base.nslots
     cpl = np.asarray(coupling, dtype=bool)
     if cpl.shape != (n, n):

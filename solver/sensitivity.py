@@ -374,13 +374,14 @@ def _joint_plan(cfg, m, mask, args):
     key = (cfg, m, mask)
     plan = _JOINT_PLANS.get(key)
     if plan is None:
-        base = _plain_plan(cfg, args).pattern
-        base, coupling = _aug_pattern(cfg, mask, base, args, cfg.jacobian)
+        plain = _plain_plan(cfg, args)
+        base, coupling = _aug_pattern(cfg, mask, plain.pattern, args, cfg.jacobian)
         pattern = _block_pattern(base, coupling, m)
         aug = _make_aug(cfg, m, mask, cfg.jacobian)
-        # W is block lower-triangular: factor the y block once and substitute (staggered, as
-        # the CUDA kernel does); J and the couplings H_d come from sweeps over y alone
-        linear = build_block_triangular_solver(base, coupling, m, method=cfg.linear_solver)
+        # W is block lower-triangular: factor the y block with the plain solve's W0 solver and
+        # substitute (staggered, as the CUDA kernel does); J and the couplings H_d come from
+        # sweeps over y alone
+        linear = build_block_triangular_solver(plain.linear, coupling, m)
         with jax.ensure_compile_time_eval():
             plan = api._Plan(aug, cfg.n * (1 + m), cfg.P * (1 + m), True,
                              _aug_args(cfg, args, mask, m), pattern, cfg.linear_solver,
