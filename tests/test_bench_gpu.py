@@ -38,6 +38,19 @@ def test_work_estimate_lattice(bench):
     assert w["flops_per_step"] == sum(w["per_step"].values()) > 7 * w["rhs_arith"]
 
 
+def test_gradient_agreement_is_per_parameter(bench):
+    """(d)'s CUDA-vs-JAX line: each parameter's error is scaled by that parameter's own largest
+    |∂ln P/∂θ|, so a small derivative is not judged against a large one."""
+    import numpy as np
+
+    ref = np.zeros((2, 3, 2))
+    ref[..., 0], ref[..., 1] = 100.0, 0.01
+    got = ref.copy()
+    got[1, 2, 0] += 0.1          # 1e-3 of parameter 0's scale
+    got[0, 0, 1] += 1e-6         # 1e-4 of parameter 1's scale
+    np.testing.assert_allclose(bench.gradient_agreement(got, ref), [1e-3, 1e-4])
+
+
 def test_budget_skips_rows_with_reason(bench, tmp_path):
     """A budget too small for anything: every row of every part is skipped with a projection."""
     rc = bench.main(["--backends", "jax,diffrax", "--budget", "0.5", "--no-work",

@@ -356,15 +356,16 @@ def test_cuda_power_spectrum_gradients_match_jax():
     1 h/Mpc at z = 0, agreement to 1e-4 of each parameter's largest |∂ln P/∂θ|.  Run with
     XLA_PYTHON_CLIENT_PREALLOCATE=false (the kernels' local memory is reserved outside JAX's
     pool)."""
-    from boltzmann.gradients import PowerSpectrumFunction
+    from boltzmann.gradients import PowerSpectrumFunction, available_parameters
     from boltzmann.params import load_config
     from boltzmann.pipeline import host_cpu
 
     # the reduced-precision model of tests/test_gradients.py (a backend comparison needs no
-    # converged hierarchy; it keeps the JAX reference's joint solve small)
+    # converged hierarchy; it keeps the JAX reference's joint solve small), every parameter
+    # of issue 5's list that it has (10: h ... wa_fld, the fluid differentiated at w = -1)
     cfg = load_config("lcdm_reduced")
     k = np.logspace(-3.0, 0.0, 12) * float(cfg.cosmology.h)
-    params = ("h", "omega_cdm", "tau_reio", "m_ncdm")
+    params = available_parameters(cfg.cosmology)
     kw = dict(parameters=params, k=k, z=[0.0], n_chunks=1, with_sigma8=False)
     cu = PowerSpectrumFunction(cfg, backend="cuda", **kw).dlnpk()
     # the JAX reference on the host CPU: the JAX backend's joint solve is a chain of small
