@@ -104,6 +104,10 @@ class PowerSpectrumFunction:
     ``solve_diff`` (docs/gradients.md).
     """
 
+    #: step limit of each mode's solve (its high-k sensitivity threads take ~7000 steps at
+    #: k = 1 h/Mpc in the default model, scripts/sensitivity_steps.py)
+    MAX_STEPS = 200_000
+
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
                  rtol: float | None = None, atol: float | None = None, n_chunks: int = 4,
                  sensitivity_error_control: bool = True, with_sigma8: bool = True,
@@ -194,18 +198,24 @@ class PowerSpectrumFunction:
         return dataclasses.replace(c, **updates)
 
     # -- the computation
-    def _evaluate(self, theta):
+    def _solve_inputs(self, theta):
+        """(cosmology, table (1, …), mode rows (n_k, P), initial states (n_k, n)) at θ."""
         cosmo = self.cosmology(theta)
         model, grid = self.model, self.grid
         thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes)
         table = pt.build_table(cosmo, thermo, grid, model)[None]
         rows = pt.mode_param_rows(model, cosmo, self.k, grid)
         y0 = pt.initial_states_at(model, rows, self.x0)
+        return cosmo, table, rows, y0
+
+    def _evaluate(self, theta):
+        cosmo, table, rows, y0 = self._solve_inputs(theta)
+        model = self.model
         ys = jnp.zeros((self.k.size, self.x_save.size, model.n))
         for idx in self._chunks:
             ys_c = solve_diff(model.rhs, y0[idx], self.x_save, rows[idx], args=table,
                               t0=self.x0[idx], rtol=self.rtol, atol=self.atol,
-                              error_weights=self.weights, max_steps=200_000,
+                              error_weights=self.weights, max_steps=self.MAX_STEPS,
                               backend=self.backend,
                               sensitivity_error_control=self.sensitivity_error_control)
             ys = ys.at[idx].set(ys_c)
@@ -228,6 +238,33 @@ class PowerSpectrumFunction:
                                                          check_coverage=False)
                                           for i in range(len(self.z))])
         return out
+
+    def sensitivity_problem(self, theta=None) -> dict:
+        """The perturbation solve that ``jacobian`` differentiates, as explicit arrays: the solve's
+        inputs at θ and their tangents along each parameter (dy0 (m, n_k, n), dparams (m, n_k, P),
+        dargs (m, 1, …) for the table), with the solve options — the keyword arguments of
+        ``solver.sensitivity.joint_solve`` (plus ``rhs``), e.g. to count a direction's steps
+        (scripts/sensitivity_steps.py).  ``observables(ys, rows, table)`` maps a solve's states
+        (n_k, n_save, n) to the model's observables at the save times."""
+        theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
+
+        def inputs(th):
+            _, table, rows, y0 = self._solve_inputs(th)
+            return y0, rows, table
+
+        (y0, rows, table), tangents = jax.jit(
+            lambda th: (inputs(th), jax.jacfwd(inputs)(th)))(theta)
+        dy0, drows, dtable = (jnp.moveaxis(t, -1, 0) for t in tangents)
+        model, xs = self.model, jnp.asarray(self.x_save)
+
+        def observables(ys, rows_, table_):
+            return jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
+                            in_axes=(0, None, 0, None))(ys, xs, rows_, table_)
+
+        return dict(rhs=model.rhs, y0=y0, t_save=self.x_save, params=rows, args=table,
+                    dy0=dy0, dparams=drows, dargs=dtable, t0=self.x0, rtol=self.rtol,
+                    atol=self.atol, error_weights=self.weights, max_steps=self.MAX_STEPS,
+                    observables=observables)
 
     def __call__(self, theta=None) -> dict:
         """Outputs at θ (default: the fiducial); NaN where a mode failed (see ``check``)."""

@@ -14,7 +14,9 @@
     throughput of value-and-Jacobian over ``--grad-batch`` cosmologies, run one after another
     through the compiled Jacobian program (a vmapped Jacobian is a new, much larger program).
     With both backends it prints their agreement: per parameter, max |∂ln P_cuda - ∂ln P_jax|
-    over the Jacobian's largest |∂ln P/∂θ| (issue 5's GPU criterion is 1e-4).
+    over the Jacobian's largest |∂ln P/∂θ| (issue 5's GPU criterion is 1e-4). ``--grad-sec both``
+    adds rows with sensitivity error control off (the threads take the plain solve's steps) and
+    the SEC-off Jacobian's difference from the SEC-on one in the same units.
 
 Every row: the first call (compilation included) and warm calls (compilation excluded, median of
 repeats), ms per launch, trajectories (or cosmologies) per second, accepted steps per trajectory
@@ -691,25 +693,37 @@ def run_grad(args, report, budget, cfg, dead):
     report.print("| backend | value first / warm [s] | Jacobian first / warm [s] | Jacobian / "
                  "value | batch of B: warm [s] | value+Jacobian per s | note |")
     report.print("|---|---|---|---|---|---|---|")
-    dlnp = {}   # backend -> ∂ln P_m/∂θ at the fiducial (n_z, n_k, n_θ), for the agreement line
+    dlnp = {}   # (backend, SEC) -> ∂ln P_m/∂θ at the fiducial (n_z, n_k, n_θ)
+    secs = {"on": (True,), "off": (False,), "both": (True, False)}[args.grad_sec]
     for b in [b for b in args.backends if b in ("cuda", "jax")]:
-        key = f"grad:{b}"
-        row = {"key": key, "size": 1, "backend": b, "parameters": names}
-        why = dead.get(b) or budget.refuse(PRIOR_FIRST_S[key])
-        if why:
-            row.update(status="skipped", note=why)
-        elif b == "jax" and host_cpu() is not None:
-            # the JAX joint solve is a chain of small dependent ops per step: on the GPU it runs
-            # at launch latency (H200, 2026-11-30: not finished after 17 min), so the JAX row
-            # of (d) is measured on this host's CPU and labelled so
-            row["backend"] = "jax (host CPU)"
-            with jax.default_device(host_cpu()):
-                dlnp[b] = _grad_row(row, b, cfg, names, args.grad_batch, budget)
-        else:
-            dlnp[b] = _grad_row(row, b, cfg, names, args.grad_batch, budget)
-        report.row("grad", row, _grad_line(row))
-    if dlnp.get("cuda") is not None and dlnp.get("jax") is not None:
-        err = gradient_agreement(dlnp["cuda"], dlnp["jax"])
+        for sec in secs:
+            key = f"grad:{b}"
+            row = {"key": key, "size": 1, "backend": b, "parameters": names,
+                   "sensitivity_error_control": sec}
+            why = dead.get(b) or budget.refuse(PRIOR_FIRST_S[key])
+            if why:
+                row.update(status="skipped", note=why)
+            elif b == "jax" and host_cpu() is not None:
+                # the JAX joint solve is a chain of small dependent ops per step: on the GPU it
+                # runs at launch latency (H200, 2026-11-30: not finished after 17 min), so the
+                # JAX row of (d) is measured on this host's CPU and labelled so
+                row["backend"] = "jax (host CPU)"
+                with jax.default_device(host_cpu()):
+                    dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec)
+            else:
+                dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec)
+            if not sec:
+                row["backend"] += " (SEC off)"
+            report.row("grad", row, _grad_line(row))
+    if dlnp.get(("cuda", False)) is not None and dlnp.get(("cuda", True)) is not None:
+        err = gradient_agreement(dlnp["cuda", False], dlnp["cuda", True])
+        report.data["grad_sec_off_vs_on"] = dict(zip(names, err.tolist()))
+        report.print("\nCUDA, SEC off vs SEC on, same units: "
+                     + ", ".join(f"{n} {e:.1e}" for n, e in zip(names, err))
+                     + f"; worst {err.max():.1e}")
+    sec = secs[0]
+    if dlnp.get(("cuda", sec)) is not None and dlnp.get(("jax", sec)) is not None:
+        err = gradient_agreement(dlnp["cuda", sec], dlnp["jax", sec])
         report.data["grad_agreement"] = dict(zip(names, err.tolist()))
         report.print("\nCUDA vs JAX ∂ln P_m/∂θ, max |difference| over k and z / the JAX "
                      "Jacobian's largest |∂ln P/∂θ| for that parameter: "
@@ -724,12 +738,13 @@ def gradient_agreement(got, ref) -> np.ndarray:
     return np.abs(got - ref).max(axis=axes) / np.maximum(np.abs(ref).max(axis=axes), 1e-300)
 
 
-def _grad_row(row, backend, cfg, names, batch, budget):
+def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
     """Fills ``row``; returns ∂ln P_m/∂θ at the fiducial (None if the row failed)."""
     from boltzmann.gradients import PowerSpectrumFunction
 
     try:
-        fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=backend)
+        fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=backend,
+                                   sensitivity_error_control=sec)
 
         def value():
             return jax.block_until_ready(fn())
@@ -823,6 +838,9 @@ def build_parser():
                          "first, as they matter most; any of a, b, c, d)")
     ap.add_argument("--grad-batch", type=int, default=8,
                     help="(d) cosmologies in the batched value-and-Jacobian row (1: skip it)")
+    ap.add_argument("--grad-sec", choices=("on", "off", "both"), default="on",
+                    help="(d) sensitivity error control of the Jacobian rows (both: a row each, "
+                         "and their difference; docs/gradients.md)")
     ap.add_argument("--config", default="lcdm", help="config for (b), (c), (d) (default lcdm; "
                     "lcdm_reduced: the reduced-precision model, n = 64)")
     ap.add_argument("--quick", action="store_true",

@@ -51,6 +51,37 @@ def test_gradient_agreement_is_per_parameter(bench):
     np.testing.assert_allclose(bench.gradient_agreement(got, ref), [1e-3, 1e-4])
 
 
+def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
+    """(d) with --grad-sec both: a row per backend and SEC setting (the SEC flag reaches the
+    row), the SEC-off-vs-on line and the CUDA-vs-JAX line (SEC on), from the rows' Jacobians.
+    The rows themselves are stubbed (a real one is a ~10-minute CPU compile)."""
+    import numpy as np
+    from boltzmann.params import load_config
+
+    seen = []
+
+    def fake_row(row, backend, cfg, names, batch, budget, sec=True):
+        seen.append((backend, sec))
+        row.update(status="ok", value_first_s=1.0, value_warm_s=0.5, jacobian_first_s=2.0,
+                   jacobian_warm_s=1.0, ratio=2.0, jacobian_finite=True, note="")
+        d = np.ones((1, 3, len(names)))
+        return d * (1.0 + (1e-3 if backend == "cuda" and not sec else 0.0)
+                    + (1e-6 if backend == "jax" else 0.0))
+
+    monkeypatch.setattr(bench, "_grad_row", fake_row)
+    monkeypatch.setattr("boltzmann.pipeline.host_cpu", lambda: None)
+    args = bench.build_parser().parse_args(["--parts", "d", "--backends", "cuda,jax",
+                                            "--grad-sec", "both", "--config", "lcdm_reduced"])
+    args.backends = ["cuda", "jax"]
+    report = bench.Report(str(tmp_path))
+    bench.run_grad(args, report, bench.Budget(1e6, 1e6), load_config("lcdm_reduced"), {})
+    assert seen == [("cuda", True), ("cuda", False), ("jax", True), ("jax", False)]
+    assert [r["backend"] for r in report.data["grad"]] == ["cuda", "cuda (SEC off)", "jax",
+                                                           "jax (SEC off)"]
+    assert max(report.data["grad_sec_off_vs_on"].values()) == pytest.approx(1e-3)
+    assert max(report.data["grad_agreement"].values()) == pytest.approx(1e-6, rel=1e-4)
+
+
 def test_budget_skips_rows_with_reason(bench, tmp_path):
     """A budget too small for anything: every row of every part is skipped with a projection."""
     rc = bench.main(["--backends", "jax,diffrax", "--budget", "0.5", "--no-work",

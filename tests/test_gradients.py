@@ -185,3 +185,34 @@ def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
     jax.eval_shape(fn._evaluate, fn.theta0)  # a trace reaches solve_diff; nothing runs
     assert seen["sensitivity_error_control"] is False  # the non-default value arrives
     assert seen["backend"] == "jax"
+
+
+def test_sensitivity_problem_reproduces_the_jacobian(exact):
+    """``PowerSpectrumFunction.sensitivity_problem`` hands out the solve that ``jacobian``
+    differentiates: one parameter's direction through ``joint_solve`` (m = 1, as a CUDA thread
+    runs it) and scripts/sensitivity_steps.py's contraction give the fixture's ∂ln P_m/∂θ, to
+    the solve tolerance (the m = 10 joint solve takes other steps)."""
+    import importlib.util
+
+    from solver.sensitivity import joint_solve
+
+    spec = importlib.util.spec_from_file_location(
+        "sensitivity_steps", Path(__file__).resolve().parents[1] / "scripts" / "sensitivity_steps.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    fn, d = exact
+    prob = fn.sensitivity_problem()
+    keep = np.array([1, 5])                       # two of the fixture's k
+    sub = {key: prob[key][keep] for key in ("y0", "params", "t0")}
+    sub.update({key: prob[key][:, keep] for key in ("dy0", "dparams")})
+    sub.update(dargs=prob["dargs"], observables=prob["observables"], args=prob["args"])
+    j = fn.parameters.index("omega_cdm")
+    ys, dys, info = joint_solve(prob["rhs"], sub["y0"], prob["t_save"], sub["params"],
+                                args=prob["args"], t0=sub["t0"], rtol=prob["rtol"],
+                                atol=prob["atol"], error_weights=prob["error_weights"],
+                                **script.direction(sub, j))
+    assert np.all(info["status"] == 0)
+    got = script.dlnp_from_states(sub, ys, dys[0], j)
+    want = d["dlnP_m"][0, keep, j]
+    scale = np.abs(d["dlnP_m"][0, :, j]).max()
+    assert np.abs(got - want).max() <= 1e-4 * scale, (got, want)
