@@ -85,11 +85,17 @@ def test_jacobian_matches_finite_differences_of_our_code(exact):
     """∂ln P_m/∂θ vs central differences of the same function, to 1e-3 of each parameter's
     largest |∂ln P/∂θ| over 1e-3 <= k <= 1 h/Mpc.
 
-    FD: central 2-point stencil at rtol 1e-7, steps FD_STEP (~2e-3 of each parameter's scale):
-    truncation ~(step/scale)² ~ 1e-5 and solver noise ~1e-7/step ~ 1e-4 of the maxima.
+    FD: central 2-point stencil, steps FD_STEP (~2e-3 of each parameter's scale), of the same
+    function at a tightened rtol 1e-9 (truncation ~(step/scale)² ~ 1e-5).  At the Jacobian's
+    rtol 1e-7 the FD of τ_reio is noise-limited: its max |∂ln P/∂τ| is only 1.6e-3, and
+    solver noise of ~1e-8 in ln P over the 4e-3 stencil is 2.5e-3 of that (measured once the
+    Λ-linearised fluid left error control and stopped forcing small steps, 2026-11-30); at 1e-9
+    FD and the rtol-1e-7 Jacobian agree to 7e-5 for τ_reio.
     """
     fn, d = exact
-    f = fn._jit_value
+    k_ref, _ = _reference()
+    f = PowerSpectrumFunction(_config(1e-9), k=k_ref[K_ROWS], n_chunks=1,
+                              with_sigma8=False)._jit_value
     theta0 = np.asarray(fn.theta0)
     worst = {}
     for j, name in enumerate(fn.parameters):
@@ -216,3 +222,38 @@ def test_sensitivity_problem_reproduces_the_jacobian(exact):
     want = d["dlnP_m"][0, keep, j]
     scale = np.abs(d["dlnP_m"][0, :, j]).max()
     assert np.abs(got - want).max() <= 1e-4 * scale, (got, want)
+
+
+def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
+    """The rule behind UNCONTROLLED's fluid entries, checked on the model itself: at Λ no other
+    state's derivative depends on the linearised fluid's four states (so the value cannot see
+    their error), while along w0 it does (so the w0 sensitivity carries the fluid) — and the
+    error weights leave exactly those four out."""
+    import jax
+    import jax.numpy as jnp
+
+    from boltzmann import perturbations as pt
+
+    fn = PowerSpectrumFunction(_config(1e-5), parameters=("w0_fld",), k=np.array([0.1]),
+                               n_chunks=1, with_sigma8=False)
+    model = fn.model
+    fluid = [i for i, n in enumerate(model.state_names) if n.startswith(("delta_de_",
+                                                                         "theta_de_"))]
+    other = [i for i in range(model.n) if i not in fluid]
+    assert len(fluid) == 4
+    w = pt.error_weights(model)
+    assert np.all(w[fluid] == 0.0) and np.count_nonzero(w[other]) > 0
+    _, table, rows, y0 = fn._solve_inputs(fn.theta0)
+    y = y0[0] * (1.0 + 0.1 * np.random.default_rng(0).standard_normal(model.n))
+    x = float(fn.x0[0]) + 3.0
+
+    def coupling(p):     # ∂f_other/∂y_fluid
+        J = jax.jacfwd(lambda y_: jnp.stack(model.rhs(y_, x, p, table)))(jnp.asarray(y))
+        return J[np.ix_(other, fluid)]
+
+    c0 = np.asarray(coupling(rows[0]))
+    assert np.all(c0 == 0.0)
+    drows = jax.jacfwd(lambda th: pt.mode_param_rows(model, fn.cosmology(th), fn.k,
+                                                     fn.grid))(fn.theta0)[0, :, 0]
+    _, dc = jax.jvp(coupling, (rows[0],), (drows,))
+    assert np.abs(np.asarray(dc)).max() > 0.0
