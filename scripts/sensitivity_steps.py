@@ -11,7 +11,9 @@ config's first save time, through the solve's states only — the table and init
 not depend on SEC) against a reference solve with SEC on at ``rtol / --ref-factor``, in units of
 that parameter's largest |∂ln P_m/∂θ| over the k given (the unit of issue 5's criteria).
 
-    python scripts/sensitivity_steps.py --config lcdm --k 0.05 0.3 1 3 --out docs/data
+    python scripts/sensitivity_steps.py --config lcdm --k 0.1 1 3 10 --ref-factor 30 --out DIR
+
+(docs/gradients.md, the SEC section, has that run's table.)
 
 Prints a Markdown table; ``--out DIR`` also writes sensitivity_steps.json.
 """
