@@ -16,7 +16,9 @@
     With both backends it prints their agreement: per parameter, max |∂ln P_cuda - ∂ln P_jax|
     over the Jacobian's largest |∂ln P/∂θ| (issue 5's GPU criterion is 1e-4). ``--grad-sec both``
     adds rows with sensitivity error control off (the threads take the plain solve's steps) and
-    the SEC-off Jacobian's difference from the SEC-on one in the same units.
+    the SEC-off Jacobian's difference from the SEC-on one in the same units. The CUDA row's note
+    gives the launches' steps and kernel seconds, and which (k, parameter) the slowest
+    sensitivity thread integrated: a launch lasts as long as that thread.
 
 Every row: the first call (compilation included) and warm calls (compilation excluded, median of
 repeats), ms per launch, trajectories (or cosmologies) per second, accepted steps per trajectory
@@ -764,6 +766,9 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
         row.update(status="ok", value_first_s=v_first, value_warm_s=v_warm,
                    jacobian_first_s=j_first, jacobian_warm_s=j_warm,
                    ratio=j_warm / v_warm, jacobian_finite=finite)
+        launches = _launch_note(names, fn.k[fn._chunks[-1]])   # n_chunks=1: one launch
+        if launches:
+            row["launches"] = launches
         if batch > 1 and not budget.refuse(2 * batch * j_warm):
             # B cosmologies through the compiled Jacobian program one after another: a vmap of
             # the Jacobian is a new (B-wide joint-solve) XLA program whose CPU compile did not
@@ -776,12 +781,33 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
 
             b_warm, _, _ = _warm_calls(run_batch, 0.0, min_total=0.0, max_repeats=1)
             row.update(batch=batch, batch_warm_s=b_warm, value_and_jacobian_per_s=batch / b_warm)
-        row["note"] = "" if finite else "non-finite Jacobian entries (a mode failed)"
+        row["note"] = "; ".join(
+            ([] if finite else ["non-finite Jacobian entries (a mode failed)"])
+            + ([launches["text"]] if launches else []))
         return np.asarray(jc["P_m"]) / np.asarray(val["P_m"])[..., None]
     except Exception as exc:
         row.update(status="error", note=_unavailable_reason(exc),
                    traceback=traceback.format_exc())
         return None
+
+
+def _launch_note(names, k) -> dict | None:
+    """The CUDA launches of the last Jacobian (solver.sensitivity.LAST_CUDA_LAUNCH): steps of
+    the slowest thread, kernel seconds, and which (k, parameter) the slowest thread was."""
+    from solver.sensitivity import LAST_CUDA_LAUNCH
+
+    if "tangent" not in LAST_CUDA_LAUNCH:
+        return None
+    rec = {kind: dict(v) for kind, v in LAST_CUDA_LAUNCH.items()}
+    t, p = rec["tangent"], rec.get("primal", {})
+    i, d = t["slowest_trajectory"], t["slowest_direction"]
+    where = (f"k = {k[i]:.3g}/Mpc, {names[d]}" if i < len(k) and d < len(names)
+             else f"trajectory {i}, direction {d}")
+    kern = (lambda r: f", kernel {r['kernel_seconds']:.2f} s"
+            if r.get("kernel_seconds") is not None else "")
+    rec["text"] = (f"primal: max {p.get('steps_max', '—')} steps{kern(p)}; tangent: max "
+                   f"{t['steps_max']} steps over {t['threads']} threads{kern(t)}, slowest {where}")
+    return rec
 
 
 def _grad_line(r) -> str:
@@ -792,7 +818,7 @@ def _grad_line(r) -> str:
     per_s = f"{r['value_and_jacobian_per_s']:.3g}" if "value_and_jacobian_per_s" in r else "—"
     return (f"| {r['backend']} | {r['value_first_s']:.1f} / {r['value_warm_s']:.3f} | "
             f"{r['jacobian_first_s']:.1f} / {r['jacobian_warm_s']:.3f} | {r['ratio']:.2f} | "
-            f"{batch} | {per_s} | {_short(r['note'])} |")
+            f"{batch} | {per_s} | {_short(r['note'], 260)} |")
 
 
 # =========================================================================== main

@@ -99,6 +99,21 @@ class CudaSensitivityUnavailable(CudaBackendUnavailable, ValueError):
 #: (eager calls and jit traces), ``plans`` the joint plans built.
 COUNTERS = {"joint_traces": 0, "plans": 0, "pattern_seconds": 0.0}
 
+#: the latest CUDA launches made through solve_diff's host callbacks, "primal" (plain kernel) and
+#: "tangent" (sensitivity kernel): kernel seconds, threads, steps (accepted + rejected) max and
+#: median, and for the tangent the slowest thread's (trajectory, direction) — a launch lasts as
+#: long as its slowest thread (bench_gpu part (d) reports them).
+LAST_CUDA_LAUNCH: dict = {}
+
+
+def _record_launch(kind, sol, steps, **extra):
+    steps = np.asarray(steps)
+    rec = {"kernel_seconds": (sol.info or {}).get("kernel_seconds"), "threads": int(steps.size),
+           "steps_max": int(steps.max()) if steps.size else 0,
+           "steps_median": float(np.median(steps)) if steps.size else 0.0}
+    rec.update(extra)
+    LAST_CUDA_LAUNCH[kind] = rec
+
 _SOLVE_KWARGS = ("sparsity", "linear_solver", "controller", "tableau", "first_step", "backend",
                  "_jacobian")
 
@@ -274,6 +289,7 @@ def _cuda_plain_ys(cfg, y0, params, args, ts, t0, te):
                           cfg.max_steps, cfg.first_step)
         sol = cb._solve_numba(cfg.rhs, inp, tab if cfg.has_args else None, cfg.sparsity,
                               cfg.max_steps, cfg.ctrl, cfg.tableau)
+        _record_launch("primal", sol, np.asarray(sol.n_accepted) + np.asarray(sol.n_rejected))
         return np.asarray(sol.ys, np.float64)
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((N, ns, cfg.n), jnp.float64), y0,
@@ -465,6 +481,9 @@ def _cuda_tangent(cfg, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
             t0=t0, t_end=te, sparsity=cfg.sparsity, error_weights=cfg.weights,
             max_steps=cfg.max_steps, first_step=cfg.first_step, controller=cfg.ctrl,
             tableau=cfg.tableau)
+        steps = np.asarray(sol.n_accepted) + np.asarray(sol.n_rejected)      # (m, N)
+        d, i = np.unravel_index(int(np.argmax(steps)), steps.shape)
+        _record_launch("tangent", sol, steps, slowest_trajectory=int(i), slowest_direction=int(d))
         return sol.dys_or_nan()
 
     return jax.pure_callback(host, jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64), *ops,

@@ -79,7 +79,27 @@ def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
     assert [r["backend"] for r in report.data["grad"]] == ["cuda", "cuda (SEC off)", "jax",
                                                            "jax (SEC off)"]
     assert max(report.data["grad_sec_off_vs_on"].values()) == pytest.approx(1e-3)
+    assert "|" not in bench._short("a | b", 260)
     assert max(report.data["grad_agreement"].values()) == pytest.approx(1e-6, rel=1e-4)
+
+
+def test_launch_note_names_the_slowest_thread(bench, monkeypatch):
+    """(d)'s note on the CUDA row: the slowest sensitivity thread's steps, and which k and
+    parameter it integrated (from solver.sensitivity.LAST_CUDA_LAUNCH)."""
+    import numpy as np
+
+    from solver import sensitivity
+
+    monkeypatch.setattr(sensitivity, "LAST_CUDA_LAUNCH", {})
+    assert bench._launch_note(["h", "omega_b"], np.array([0.1, 1.0])) is None
+    sensitivity.LAST_CUDA_LAUNCH.update(
+        primal={"kernel_seconds": 1.5, "threads": 2, "steps_max": 913, "steps_median": 500.0},
+        tangent={"kernel_seconds": 8.25, "threads": 4, "steps_max": 2300, "steps_median": 900.0,
+                 "slowest_trajectory": 1, "slowest_direction": 1})
+    note = bench._launch_note(["h", "omega_b"], np.array([0.1, 1.0]))
+    assert note["tangent"]["steps_max"] == 2300
+    assert note["text"] == ("primal: max 913 steps, kernel 1.50 s; tangent: max 2300 steps over "
+                            "4 threads, kernel 8.25 s, slowest k = 1/Mpc, omega_b")
 
 
 def test_budget_skips_rows_with_reason(bench, tmp_path):

@@ -244,8 +244,17 @@ def test_solve_diff_cuda_path_with_emulated_kernels(monkeypatch):
 
     k = jnp.asarray(ROBERTSON.params)
     g_jax = jax.grad(loss)(k, "jax")
+    from solver.sensitivity import LAST_CUDA_LAUNCH
+
+    LAST_CUDA_LAUNCH.clear()
     g_cuda = jax.grad(loss)(k, "cuda")
     np.testing.assert_allclose(g_cuda, g_jax, rtol=1e-6)
+    # the launches are recorded (bench_gpu part (d) reports them): one trajectory, its
+    # directions one thread each; the slowest thread is named
+    prim, tan = LAST_CUDA_LAUNCH["primal"], LAST_CUDA_LAUNCH["tangent"]
+    assert prim["threads"] == 1 and prim["steps_max"] > 0
+    assert tan["threads"] >= 1 and tan["steps_max"] >= prim["steps_max"] > 0
+    assert tan["slowest_trajectory"] == 0 and 0 <= tan["slowest_direction"] < tan["threads"]
     J_cuda = jax.jit(jax.jacfwd(loss), static_argnums=1)(k, "cuda")
     np.testing.assert_allclose(J_cuda, g_cuda, rtol=1e-12)
     # vmap over primals: the callbacks run per batch element
