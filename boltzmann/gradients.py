@@ -219,8 +219,7 @@ class PowerSpectrumFunction:
                               backend=self.backend,
                               sensitivity_error_control=self.sensitivity_error_control)
             ys = ys.at[idx].set(ys_c)
-        obs = jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
-                       in_axes=(0, None, 0, None))(ys, jnp.asarray(self.x_save), rows, table)
+        obs = self._observables(ys, rows, table)
         # x_save ascending = z descending; report in the order of self.z
         iz = [int(np.argmin(np.abs(np.expm1(-self.x_save) - z))) for z in self.z]
         d_m = obs["d_m"][:, iz].T
@@ -239,6 +238,11 @@ class PowerSpectrumFunction:
                                           for i in range(len(self.z))])
         return out
 
+    def _observables(self, ys, rows, table):
+        """The model's observables of states ys (n_k, n_save, n) at the save times."""
+        return jax.vmap(jax.vmap(self.model.observables, in_axes=(0, 0, None, None)),
+                        in_axes=(0, None, 0, None))(ys, jnp.asarray(self.x_save), rows, table)
+
     def sensitivity_problem(self, theta=None) -> dict:
         """The perturbation solve that ``jacobian`` differentiates, as explicit arrays: the solve's
         inputs at θ and their tangents along each parameter (dy0 (m, n_k, n), dparams (m, n_k, P),
@@ -255,16 +259,10 @@ class PowerSpectrumFunction:
         (y0, rows, table), tangents = jax.jit(
             lambda th: (inputs(th), jax.jacfwd(inputs)(th)))(theta)
         dy0, drows, dtable = (jnp.moveaxis(t, -1, 0) for t in tangents)
-        model, xs = self.model, jnp.asarray(self.x_save)
-
-        def observables(ys, rows_, table_):
-            return jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
-                            in_axes=(0, None, 0, None))(ys, xs, rows_, table_)
-
-        return dict(rhs=model.rhs, y0=y0, t_save=self.x_save, params=rows, args=table,
+        return dict(rhs=self.model.rhs, y0=y0, t_save=self.x_save, params=rows, args=table,
                     dy0=dy0, dparams=drows, dargs=dtable, t0=self.x0, rtol=self.rtol,
                     atol=self.atol, error_weights=self.weights, max_steps=self.MAX_STEPS,
-                    observables=observables)
+                    observables=self._observables)
 
     def __call__(self, theta=None) -> dict:
         """Outputs at θ (default: the fiducial); NaN where a mode failed (see ``check``)."""

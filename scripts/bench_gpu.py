@@ -717,20 +717,22 @@ def run_grad(args, report, budget, cfg, dead):
             if not sec:
                 row["backend"] += " (SEC off)"
             report.row("grad", row, _grad_line(row))
-    if dlnp.get(("cuda", False)) is not None and dlnp.get(("cuda", True)) is not None:
-        err = gradient_agreement(dlnp["cuda", False], dlnp["cuda", True])
-        report.data["grad_sec_off_vs_on"] = dict(zip(names, err.tolist()))
-        report.print("\nCUDA, SEC off vs SEC on, same units: "
-                     + ", ".join(f"{n} {e:.1e}" for n, e in zip(names, err))
-                     + f"; worst {err.max():.1e}")
-    sec = secs[0]
-    if dlnp.get(("cuda", sec)) is not None and dlnp.get(("jax", sec)) is not None:
-        err = gradient_agreement(dlnp["cuda", sec], dlnp["jax", sec])
-        report.data["grad_agreement"] = dict(zip(names, err.tolist()))
-        report.print("\nCUDA vs JAX ∂ln P_m/∂θ, max |difference| over k and z / the JAX "
-                     "Jacobian's largest |∂ln P/∂θ| for that parameter: "
-                     + ", ".join(f"{n} {e:.1e}" for n, e in zip(names, err))
-                     + f"; worst {err.max():.1e}")
+    _agreement_line(report, "grad_sec_off_vs_on", "CUDA, SEC off vs SEC on, same units",
+                    dlnp.get(("cuda", False)), dlnp.get(("cuda", True)), names)
+    _agreement_line(report, "grad_agreement",
+                    "CUDA vs JAX ∂ln P_m/∂θ, max |difference| over k and z / the JAX "
+                    "Jacobian's largest |∂ln P/∂θ| for that parameter",
+                    dlnp.get(("cuda", secs[0])), dlnp.get(("jax", secs[0])), names)
+
+
+def _agreement_line(report, key, title, got, ref, names):
+    """Print and record ``gradient_agreement(got, ref)`` per parameter (when both exist)."""
+    if got is None or ref is None:
+        return
+    err = gradient_agreement(got, ref)
+    report.data[key] = dict(zip(names, err.tolist()))
+    report.print(f"\n{title}: " + ", ".join(f"{n} {e:.1e}" for n, e in zip(names, err))
+                 + f"; worst {err.max():.1e}")
 
 
 def gradient_agreement(got, ref) -> np.ndarray:
@@ -743,6 +745,7 @@ def gradient_agreement(got, ref) -> np.ndarray:
 def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
     """Fills ``row``; returns ∂ln P_m/∂θ at the fiducial (None if the row failed)."""
     from boltzmann.gradients import PowerSpectrumFunction
+    from solver.sensitivity import LAST_CUDA_LAUNCH
 
     try:
         fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=backend,
@@ -761,12 +764,14 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
         t = time.perf_counter()
         val, jc = jac()
         j_first = time.perf_counter() - t
+        LAST_CUDA_LAUNCH.clear()       # the note below describes this row's launches only
         j_warm, _, (val, jc) = _warm_calls(jac, j_first, min_total=1.0, max_repeats=3)
         finite = bool(np.all(np.isfinite(np.asarray(jc["P_m"]))))
         row.update(status="ok", value_first_s=v_first, value_warm_s=v_warm,
                    jacobian_first_s=j_first, jacobian_warm_s=j_warm,
                    ratio=j_warm / v_warm, jacobian_finite=finite)
-        launches = _launch_note(names, fn.k[fn._chunks[-1]])   # n_chunks=1: one launch
+        launches = (_launch_note(names, fn.k[fn._chunks[-1]])   # n_chunks=1: one launch
+                    if backend == "cuda" else None)
         if launches:
             row["launches"] = launches
         if batch > 1 and not budget.refuse(2 * batch * j_warm):
