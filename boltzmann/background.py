@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.hermite import hermite
+
 from . import constants as const
 from . import ncdm as _ncdm
 from .params import CosmoParams
 
-jax.config.update("jax_enable_x64", True)
 
 _TAU_EFOLDS = 25.0
 _TAU_PANELS = 25
@@ -315,12 +316,6 @@ def background_table(cosmo: CosmoParams, a_min: float = 1e-10, n: int = 2000,
 
 
 # ----------------------------------------------------------------------------- growth
-def _hermite(y0, y1, d0, d1, u, h):
-    u2, u3 = u * u, u * u * u
-    return ((2 * u3 - 3 * u2 + 1) * y0 + (u3 - 2 * u2 + u) * h * d0
-            + (-2 * u3 + 3 * u2) * y1 + (u3 - u2) * h * d1)
-
-
 @partial(jax.jit, static_argnames=("a_ini", "n"))
 def growth_factor(cosmo: CosmoParams, a, a_ini: float = 1e-8, n: int = 4000):
     """Scale-independent linear growth: ``(D(a), f(a))`` with ``D(1) = 1`` and ``f = dlnD/dlna``.
@@ -361,8 +356,8 @@ def growth_factor(cosmo: CosmoParams, a, a_ini: float = 1e-8, n: int = 4000):
     s_idx = (jnp.log(a) - np.log(a_ini)) / step
     i = jnp.clip(jnp.floor(s_idx).astype(jnp.int32), 0, n - 2)
     u = jnp.clip(s_idx - i, 0.0, 1.0)
-    d_val = _hermite(ys[i, 0], ys[i + 1, 0], dys[i, 0], dys[i + 1, 0], u, step)
-    dp_val = _hermite(ys[i, 1], ys[i + 1, 1], dys[i, 1], dys[i + 1, 1], u, step)
+    d_val = hermite(u, step, ys[i, 0], dys[i, 0], ys[i + 1, 0], dys[i + 1, 0])
+    dp_val = hermite(u, step, ys[i, 1], dys[i, 1], ys[i + 1, 1], dys[i + 1, 1])
     return d_val / ys[-1, 0], dp_val / d_val
 
 

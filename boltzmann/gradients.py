@@ -1,5 +1,5 @@
 """P(k, z), sigma8 and transfer functions as differentiable JAX functions of the cosmological
-parameters, and their exact Jacobian by forward sensitivities (issue 5, DESIGN §8).
+parameters, and their exact Jacobian by forward sensitivities.
 
 The derivative is of the whole computation, not of the perturbation solve alone::
 
@@ -9,7 +9,9 @@ The derivative is of the whole computation, not of the perturbation solve alone:
                     → adiabatic initial states
                     → solve_diff (joint [y, S] solve under differentiation) → transfers → P, σ8
 
-Every arrow is JAX; ``solver.sensitivity.solve_diff`` supplies the tangent of the solve with
+The arrows are the stages themselves, in their traceable form (``tables.tables_one``,
+``perturbations.differentiable_transfers``, ``spectra.power_spectra``) on an ensemble of one
+cosmology. ``solver.solve_diff`` supplies the tangent of the solve with
 respect to the initial states, the parameter rows and the table (its tangent enters the joint
 RHS linearly).  ``jax.jacfwd`` over θ therefore asks the solver for exactly len(θ) sensitivity
 directions in one joint solve per k-chunk.
@@ -18,7 +20,7 @@ What is held fixed (not differentiated), and why:
 * the k grid in 1/Mpc (P in Mpc³): ∂/∂h is at fixed k [1/Mpc], as in CLASS's FD with k in 1/Mpc;
 * the start time x_ini = ln a_ini of each mode, fixed at its fiducial value: it is a numerical
   choice (the growing-mode series is accurate to ~1e-8 there), and the state's dependence on θ at
-  that fixed time is carried by the initial conditions (``perturbations.initial_states_at``);
+  that fixed time is carried by the initial conditions (``modes.initial_states_at``);
 * YHe, T_cmb, k_pivot, T_ncdm, deg_ncdm (inputs, but not in the parameter list below).
 
 Parameters (``PARAMETERS``; names as in the config): h, omega_b, omega_cdm, ln10^{10}A_s (or
@@ -50,12 +52,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solver.sensitivity import solve_diff
+from solver import pick_backend
 
-from . import perturbations as pt
-from . import spectra
+from . import modes
 from .params import ConfigError, CosmoParams
-from .thermodynamics import compute_thermodynamics
+from .perturbations import MAX_STEPS, differentiable_transfers, observables
+from .runtime import require_float64
+from .spectra import power_spectra
+from .tables import tables_one
 
 __all__ = ["PARAMETERS", "PowerSpectrumFunction", "available_parameters"]
 
@@ -104,14 +108,14 @@ class PowerSpectrumFunction:
     ``solve_diff`` (docs/gradients.md).
     """
 
-    #: step limit of each mode's solve (its high-k sensitivity threads take ~7000 steps at
-    #: k = 1 h/Mpc in the default model, scripts/sensitivity_steps.py)
-    MAX_STEPS = 200_000
+    #: step limit of each mode's solve
+    MAX_STEPS = MAX_STEPS
 
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
                  rtol: float | None = None, atol: float | None = None, n_chunks: int = 4,
                  sensitivity_error_control: bool = True, with_sigma8: bool = True,
                  backend: str = "jax"):
+        require_float64()
         self.config = config
         self.backend = backend
         self.sensitivity_error_control = bool(sensitivity_error_control)
@@ -135,28 +139,24 @@ class PowerSpectrumFunction:
                              and not cosmo.use_fld)
         if self.de_at_lambda:
             cosmo = dataclasses.replace(cosmo, w0_fld=-1.0, wa_fld=0.0, use_fld=True)
-        self.model = pt.build_model(cosmo, prec, de_at_lambda=self.de_at_lambda)
+        self.model = modes.model_for(cosmo, prec, de_at_lambda=self.de_at_lambda)
         self.cosmo0 = cosmo
         self._parsed = parsed
         self.rtol = float(prec.rtol if rtol is None else rtol)
         self.atol = float(prec.atol if atol is None else atol)
-        self.grid = pt.make_grid(prec)
+        self.grid = modes.make_grid(prec)
         self.k = np.asarray(config.output.k_grid(float(cosmo.h)) if k is None else k, np.float64)
         if self.k.ndim != 1 or self.k.size == 0 or np.any(self.k <= 0):
             raise ValueError(f"k must be a 1-d array of positive wavenumbers [1/Mpc], got shape "
                              f"{self.k.shape}")
         self.z = [float(v) for v in (config.output.z if z is None else z)]
-        self.x_save = np.sort(-np.log1p(np.asarray(self.z)))
-        self.weights = pt.error_weights(self.model)
+        self.x_save, _ = modes.save_times(self.z)
+        self.weights = modes.error_weights(self.model)
         self.with_sigma8 = bool(with_sigma8) and self.k.size >= 5
         # fixed start times from the fiducial cosmology (see module docstring)
-        rows0 = pt.mode_params(self.model, cosmo, self.k, self.grid)
-        self.x0, _ = pt.initial_states(self.model, rows0, prec.k_tau_ini, prec.omega_tau_ini)
-        if np.any(self.x0 < self.grid.x_min):
-            raise ValueError(f"precision.bg_a_min = {prec.bg_a_min:g} is above the initial scale "
-                             f"factor of the largest k; lower it")
-        if np.any(self.x0[:, None] > self.x_save[None, :]):
-            raise ValueError("a requested redshift lies before the perturbations start")
+        rows0 = modes.mode_rows(self.model, _one(cosmo), self.k[None], self.grid)
+        self.x0, _ = modes.initial_states(self.model, rows0, prec.k_tau_ini, prec.omega_tau_ini)
+        modes.check_start_times(self.x0, self.grid, self.x_save, prec)
         order = np.argsort(self.k)
         n_chunks = max(1, min(int(n_chunks), self.k.size))
         size = int(math.ceil(self.k.size / n_chunks))
@@ -166,6 +166,13 @@ class PowerSpectrumFunction:
         self._jit_value = jax.jit(self._evaluate)
         # one program for values and Jacobian: the primal comes from the same trace (has_aux)
         self._jit_jac = jax.jit(jax.jacfwd(lambda th: (self._evaluate(th),) * 2, has_aux=True))
+
+    @property
+    def backend_name(self) -> str:
+        """The backend the solves run on ("jax" or "cuda")."""
+        if not isinstance(self.backend, str):
+            return self.backend.name
+        return pick_backend() if self.backend == "auto" else self.backend
 
     # -- θ <-> CosmoParams
     def _fiducial_value(self, kind, leaf):
@@ -197,51 +204,29 @@ class PowerSpectrumFunction:
             updates["m_ncdm"] = m
         return dataclasses.replace(c, **updates)
 
-    # -- the computation
+    # -- the computation: the stages on an ensemble of one
     def _solve_inputs(self, theta):
-        """(cosmology, table (1, …), mode rows (n_k, P), initial states (n_k, n)) at θ."""
-        cosmo = self.cosmology(theta)
-        model, grid = self.model, self.grid
-        thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes)
-        table = pt.build_table(cosmo, thermo, grid, model)[None]
-        rows = pt.mode_param_rows(model, cosmo, self.k, grid)
-        y0 = pt.initial_states_at(model, rows, self.x0)
-        return cosmo, table, rows, y0
+        """(cosmology at θ stacked as an ensemble of one, its table (1, …))."""
+        cosmo = _one(self.cosmology(theta))
+        table, _ = jax.vmap(lambda c: tables_one(c, self.grid, self.model))(cosmo)
+        return cosmo, table
 
     def _evaluate(self, theta):
-        cosmo, table, rows, y0 = self._solve_inputs(theta)
-        model = self.model
-        ys = jnp.zeros((self.k.size, self.x_save.size, model.n))
-        for idx in self._chunks:
-            ys_c = solve_diff(model.rhs, y0[idx], self.x_save, rows[idx], args=table,
-                              t0=self.x0[idx], rtol=self.rtol, atol=self.atol,
-                              error_weights=self.weights, max_steps=self.MAX_STEPS,
-                              backend=self.backend,
-                              sensitivity_error_control=self.sensitivity_error_control)
-            ys = ys.at[idx].set(ys_c)
-        obs = self._observables(ys, rows, table)
-        # x_save ascending = z descending; report in the order of self.z
-        iz = [int(np.argmin(np.abs(np.expm1(-self.x_save) - z))) for z in self.z]
-        d_m = obs["d_m"][:, iz].T
-        d_cb = obs["d_cb"][:, iz].T if "d_cb" in obs else \
-            spectra.cb_transfer(obs["d_cdm"][:, iz].T, obs["d_b"][:, iz].T, cosmo.omega_cdm,
-                                cosmo.omega_b)
-        pk_m = spectra.power_from_transfer(self.k, d_m, cosmo.A_s, cosmo.n_s, cosmo.k_pivot)
-        pk_cb = spectra.power_from_transfer(self.k, d_cb, cosmo.A_s, cosmo.n_s, cosmo.k_pivot)
-        out = {"P_m": pk_m, "P_cb": pk_cb, "d_m": d_m}
+        cosmo, table = self._solve_inputs(theta)
+        fields = differentiable_transfers(
+            table, cosmo, self.k[None], self.z, self.x0, self.model, self.grid, rtol=self.rtol,
+            atol=self.atol, chunks=self._chunks, backend=self.backend,
+            sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS)
+        spec = power_spectra(fields, self.k[None], cosmo, with_sigma8=self.with_sigma8)
+        out = {"P_m": spec["P_m"][0], "P_cb": spec["P_cb"][0], "d_m": fields["d_m"][0]}
         if self.with_sigma8:
-            out["sigma8"] = jnp.stack([spectra.sigma8(self.k, pk_m[i], cosmo.h,
-                                                      check_coverage=False)
-                                       for i in range(len(self.z))])
-            out["sigma8_cb"] = jnp.stack([spectra.sigma8(self.k, pk_cb[i], cosmo.h,
-                                                         check_coverage=False)
-                                          for i in range(len(self.z))])
+            out["sigma8"] = spec["sigma8"][0]
+            out["sigma8_cb"] = spec["sigma8_cb"][0]
         return out
 
     def _observables(self, ys, rows, table):
         """The model's observables of states ys (n_k, n_save, n) at the save times."""
-        return jax.vmap(jax.vmap(self.model.observables, in_axes=(0, 0, None, None)),
-                        in_axes=(0, None, 0, None))(ys, jnp.asarray(self.x_save), rows, table)
+        return observables(self.model, ys, self.x_save, rows, table, compiled=False)
 
     def sensitivity_problem(self, theta=None) -> dict:
         """The perturbation solve that ``jacobian`` differentiates, as explicit arrays: the solve's
@@ -253,8 +238,9 @@ class PowerSpectrumFunction:
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
 
         def inputs(th):
-            _, table, rows, y0 = self._solve_inputs(th)
-            return y0, rows, table
+            cosmo, table = self._solve_inputs(th)
+            rows = modes.mode_rows(self.model, cosmo, self.k[None], self.grid)
+            return modes.initial_states_at(self.model, rows, self.x0), rows, table
 
         (y0, rows, table), tangents = jax.jit(
             lambda th: (inputs(th), jax.jacfwd(inputs)(th)))(theta)
@@ -297,3 +283,8 @@ class PowerSpectrumFunction:
             out["dlnsigma8"] = jac["sigma8"] / val["sigma8"][:, None]
             out["dlnsigma8_cb"] = jac["sigma8_cb"] / val["sigma8_cb"][:, None]
         return out
+
+
+def _one(cosmo: CosmoParams) -> CosmoParams:
+    """``cosmo`` as an ensemble of one (a leading axis of 1 on every leaf); traceable."""
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64)[None], cosmo)

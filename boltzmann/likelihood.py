@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-jax.config.update("jax_enable_x64", True)   # float64 throughout, as the rest of the project
 
 __all__ = ["CachedJacobian", "callback_function", "PowerSpectrumModel", "PRIMORDIAL",
            "gaussian_loglike"]

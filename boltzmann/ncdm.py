@@ -39,15 +39,16 @@ Two quadratures live here, for two jobs:
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 
+from solver.caches import Cache
+
 from . import constants as const
 
-jax.config.update("jax_enable_x64", True)  # the project computes in float64 throughout
+#: the quadrature rules are constants of the code, computed once per size
+_RULES = Cache("boltzmann.ncdm_quadratures", maxsize=16)
+
 
 # ----------------------------------------------------------------------------- background rule
 #: panel edges of the composite Gauss–Legendre background rule (q in units of k_B T_ncdm0)
@@ -58,13 +59,16 @@ _BG_PANEL_EDGES = np.array(
 _BG_NODES_PER_PANEL = 10
 
 
-@lru_cache(maxsize=None)
 def background_quadrature() -> tuple[np.ndarray, np.ndarray]:
     """Nodes q_j and weights W_j with ``sum_j W_j g(q_j) ~= int_0^inf q^2 f0(q) g(q) dq``.
 
     Composite Gauss–Legendre (see module docstring); the factor ``q^2 f0(q)`` is folded into the
     weights.  Returns numpy arrays (constants, not cosmology-dependent).
     """
+    return _RULES.get_or_build("background", _background_quadrature)
+
+
+def _background_quadrature() -> tuple[np.ndarray, np.ndarray]:
     x, w = np.polynomial.legendre.leggauss(_BG_NODES_PER_PANEL)
     lo, hi = _BG_PANEL_EDGES[:-1, None], _BG_PANEL_EDGES[1:, None]
     q = (0.5 * (hi - lo) * x[None, :] + 0.5 * (hi + lo)).ravel()
@@ -153,8 +157,11 @@ def _stieltjes_recurrence(n: int, x: np.ndarray, w: np.ndarray) -> tuple[np.ndar
     return alpha, beta
 
 
-@lru_cache(maxsize=None)
 def _perturbation_quadrature_cached(n_q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return _RULES.get_or_build(("perturbation", int(n_q)), lambda: _perturbation_quadrature(n_q))
+
+
+def _perturbation_quadrature(n_q: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     # discretise the weight q^2 f0(q) finely: composite Gauss–Legendre, 40 panels x 20 nodes
     edges = np.concatenate([np.linspace(0.0, 4.0, 17), np.linspace(4.0, 80.0, 25)[1:]])
     x, wl = np.polynomial.legendre.leggauss(20)

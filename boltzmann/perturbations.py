@@ -1,191 +1,196 @@
-"""The perturbation stage: model, tables, per-mode parameters and initial states, ensemble solve.
+"""Stage 2: the perturbations of every (cosmology, k) mode, solved in one ensemble.
 
-Inputs: a ``CosmoParams`` (background densities), a ``ThermoTable`` and a ``PrecisionSpec``.
-Output: the model's observables (CLASS-named transfer functions) at the requested redshifts for
-every k, plus solver statistics. Time variable x = ln a (models/eb.py). The RHS reads one table
-per cosmology (ln ℋ, ln τ, ln κ', c_s² with their x-derivatives, for cubic Hermite interpolation),
-filled here from boltzmann.background and boltzmann.thermodynamics on one uniform x grid.
+``compute_perturbations(tables, cosmos, k, z, precision, model)`` builds each mode's parameter
+row and adiabatic initial state (boltzmann.modes), integrates all modes with ``solver.solve``
+(modes sorted by k, so that neighbouring trajectories — one GPU warp — take similar step counts)
+and evaluates the model's observables (CLASS-named transfer functions) at the requested
+redshifts. ``differentiable_transfers`` is the same stage as a traceable function of the tables
+and parameters, through ``solver.solve_diff`` (forward sensitivities), for boltzmann.gradients.
 
-Error control (DESIGN §3): photon, massless-neutrino and massive-neutrino multipoles are
-excluded from step-size control (weight 0); only the metric, CDM and baryons (and the DE fluid)
-steer the step size. At late times they oscillate ~k/ℋ times per e-fold while carrying no weight in
-the metric; the L-stable Rodas5P damps the unresolved part instead of resolving it. The matter and
-metric results are unchanged by this to ~1e-6 (docs/perturbations.md), and it removes the
-late-time step-count explosion at high k. Transfer functions of the radiation itself (d_g, d_ur,
-...) at late times are therefore not accurate — CLASS's radiation-streaming approximation makes
-the same trade — and only matter/metric outputs are claimed.
+Both return the transfer functions in one layout: cosmology × redshift × k.
 """
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.eb import NcdmQuadrature, build_eb_model
-from models.initial_conditions import (adiabatic_initial_conditions, initial_time,
-                                       radiation_matter)
-from models.tables import pack_table
+from solver import describe, pick_backend, solve, solve_diff
+from solver.caches import Cache
 
-from . import background as bg
-from . import constants as const
-from . import ncdm as ncdm_mod
-from .thermodynamics import cumulative_hermite
+from . import modes
+from .progress import null_progress
 
-#: extra e-folds the tables extend beyond a = 1 (Hermite cells need both end nodes)
-X_MAX = 0.02
+__all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "observables",
+           "MAX_STEPS", "N_CHUNKS_JAX"]
+
+#: step limit of each mode (the slowest sensitivity directions take ~7000 steps at
+#: k = 1 h/Mpc in the default model; plain modes under 1000)
+MAX_STEPS = 200_000
+#: the JAX backend solves the modes in this many launches, for progress reporting; the CUDA
+#: backend solves all modes in one launch, whose wall time is the slowest mode's (launches in
+#: turn would add up)
+N_CHUNKS_JAX = 4
+
+_OBSERVABLE_FNS = Cache("boltzmann.observables", maxsize=16)
 
 
 @dataclass(frozen=True)
-class Grid:
-    x_min: float
-    dx: float
-    n: int
+class Transfers:
+    """Transfer functions of C cosmologies at Z redshifts on K wavenumbers each.
 
-    @property
-    def nodes(self) -> np.ndarray:
-        return self.x_min + self.dx * np.arange(self.n)
-
-
-def make_grid(precision) -> Grid:
-    x_min = math.log(precision.bg_a_min)
-    n = int(precision.bg_n_lna)
-    return Grid(x_min, (X_MAX - x_min) / (n - 1), n)
-
-
-def build_model(cosmo, precision, *, de_at_lambda: bool = False):
-    """The generated RHS for this cosmology's species content and the precision's ℓmax/n_q.
-
-    Cached by structure (number of massive species, fluid or not, ℓmax's, n_q): the same Python
-    function object comes back for every cosmology of one structure, so the solver's compiled
-    plans (JAX programs, CUDA kernels) are reused across runs.
+    k: (C, K) wavenumbers [1/Mpc]; z: the redshifts, in the order asked for;
+    k_h: (K,) the shared grid in h/Mpc when every cosmology's k is k_h·h (a grid given in h/Mpc),
+        else None (one grid in 1/Mpc for all);
+    fields: {CLASS name: (C, Z, K)} the model's observables (d_m, d_cb, d_cdm, d_b, phi, ...),
+        in CLASS's 'class' normalisation (unit primordial curvature); NaN where a mode failed;
+    status: (C, K) solver status codes (0 = ok; ``solver.describe`` says why not);
+    n_accepted, n_rejected: (C, K) step counts; backend: which solver backend ran;
+    solver_info: the backend's statistics of the launch (kernel seconds, colours, LU slots...).
     """
-    return _model_for(int(cosmo.n_ncdm), bool(cosmo.use_fld) and not de_at_lambda,
-                      int(precision.l_max_g), int(precision.l_max_pol_g), int(precision.l_max_ur),
-                      int(precision.l_max_ncdm), int(precision.n_q_ncdm), bool(de_at_lambda))
+
+    k: np.ndarray
+    z: tuple
+    k_h: np.ndarray | None
+    fields: dict
+    status: np.ndarray
+    n_accepted: np.ndarray
+    n_rejected: np.ndarray
+    backend: str
+    solver_info: dict = field(default_factory=dict)
+    #: seconds spent on initial conditions, the solve and the observables
+    timings: dict = field(default_factory=dict)
+
+    def failures(self) -> list[tuple[int, float, str]]:
+        """(cosmology index, k [1/Mpc], reason) of every mode that did not finish."""
+        return [(int(c), float(self.k[c, i]), describe(int(self.status[c, i])))
+                for c, i in zip(*np.nonzero(self.status != 0))]
+
+    def stats(self) -> dict:
+        """Launch statistics: step counts, failures, the backend's own numbers."""
+        acc, rej = np.asarray(self.n_accepted), np.asarray(self.n_rejected)
+        return {
+            "backend": self.backend,
+            "trajectories": int(acc.size),
+            "accepted_steps_median": float(np.median(acc)),
+            "accepted_steps_max": int(acc.max()),
+            "steps_total": int(acc.sum() + rej.sum()),
+            "rejected_steps_total": int(rej.sum()),
+            "n_failed": int(np.sum(self.status != 0)),
+            **{key: value for key, value in self.solver_info.items()
+               if isinstance(value, (bool, int, float, str))},
+        }
 
 
-@functools.lru_cache(maxsize=16)
-def _model_for(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q,
-               de_at_lambda=False):
-    species = []
-    for _ in range(n_ncdm):
-        q, w, dlnf = ncdm_mod.perturbation_quadrature(n_q)
-        species.append(NcdmQuadrature(tuple(map(float, q)), tuple(map(float, w)),
-                                      tuple(map(float, dlnf))))
-    return build_eb_model(l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur,
-                          ncdm=tuple(species), l_max_ncdm=l_max_ncdm, de_fluid=use_fld,
-                          de_at_lambda=de_at_lambda)
+def _observables_program(model):
+    """jit of the model's observables over (trajectory, save time), compiled once per model."""
+    fn = jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
+                  in_axes=(0, None, 0, None))
+    return _OBSERVABLE_FNS.get_or_build(id(model), lambda: (model, jax.jit(fn)))[1]
 
 
-def build_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
-    """One cosmology's (n_cols, 2, n_grid) table on ``grid`` (values and d/dx)."""
-    x = jnp.asarray(grid.nodes)
-    a = jnp.exp(x)
-    H = bg.hubble(cosmo, a)
-    conf_h = a * H
-    dlnh = 1.0 + bg.dhubble_dlna(cosmo, a) / H
-    # tau(x) = tau(x_0) + int dx / (aH), accumulated along the grid by the Hermite (corrected
-    # trapezoid) rule, O(dx^4) ~ 1e-12 relative at the default grid: the direct quadrature at every
-    # node (bg.conformal_time, 200 Hubble evaluations per node) cost ~0.5 s per cosmology on the
-    # CPU and an XLA GPU compile that stalled when vmapped over cosmologies (docs/benchmarks.md).
-    inv_ah = 1.0 / conf_h
-    tau = bg.conformal_time(cosmo, a[0]) + cumulative_hermite(grid.dx, inv_ah, -inv_ah * dlnh)
-    cols = {
-        "ln_conformal_hubble": (jnp.log(conf_h), dlnh),
-        "ln_conformal_time": (jnp.log(tau), 1.0 / (conf_h * tau)),
-        "ln_kappa_dot": (thermo.ln_kappa_dot, thermo.dln_kappa_dot),
-        "cs2_b": (thermo.cs2, thermo.dcs2),
-    }
-    return jnp.stack([jnp.stack([jnp.asarray(v), jnp.asarray(d)]) for v, d in
-                      (cols[name] for name in model.table_columns)])
+def observables(model, ys, x_save, rows, table, *, compiled: bool = True) -> dict:
+    """{name: (N, S)} the model's observables of states ys (N, S, n) at the save times x_save."""
+    if compiled:
+        return _observables_program(model)(jnp.asarray(ys), jnp.asarray(x_save),
+                                           jnp.asarray(rows), table)
+    return jax.vmap(jax.vmap(model.observables, in_axes=(0, 0, None, None)),
+                    in_axes=(0, None, 0, None))(ys, jnp.asarray(x_save), rows, table)
 
 
-def mode_param_rows(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> jnp.ndarray:
-    """Parameter rows (len(k), P) for the modes ``k`` [1/Mpc] of one cosmology, as a JAX array.
+def _czk(values, C: int, K: int, z_cols, inverse=None):
+    """(N, S) in trajectory order → (C, Z, K) in the requested z order."""
+    v = values if inverse is None else values[inverse]
+    return jnp.moveaxis(v[:, jnp.asarray(z_cols)].reshape(C, K, len(z_cols)), 2, 1)
 
-    Traceable in the cosmological parameters (``cosmo`` may hold tracers): the densities, ncdm
-    normalisations and fluid parameters enter the rows by differentiable operations; ``k``, the
-    grid and ``cosmo_row`` are structure (concrete).
+
+def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, backend="auto",
+                          progress=null_progress, max_steps: int = MAX_STEPS) -> Transfers:
+    """Solve every mode of C cosmologies (``cosmos`` stacked, ``k`` (C, K) [1/Mpc], concrete).
+
+    ``k_h``: (K,) the grid in h/Mpc when ``k`` is k_h·h for every cosmology, else None (then every
+    row of ``k`` must be the same grid).
+
+    ``backend``: "jax", "cuda", "auto" or a solver backend object. Failed modes are reported in
+    ``status`` (their fields are NaN), never raised.
     """
-    rho = bg.rho_tilde(cosmo, jnp.asarray(1.0))
-    values = dict(cosmo_row=float(cosmo_row), table_x_min=grid.x_min, table_dx=grid.dx,
-                  rho_g0=rho["g"], rho_b0=rho["b"], rho_cdm0=rho["cdm"], rho_ur0=rho["ur"])
-    for s, quad in enumerate(model.ncdm):
-        m_over_t = jnp.asarray(cosmo.m_ncdm)[s] / (const.K_B_EV_PER_K * cosmo.T_ncdm0_K[s])
-        eps_sum = jnp.sum(jnp.asarray(quad.weights) * jnp.sqrt(jnp.asarray(quad.q) ** 2
-                                                              + m_over_t ** 2))
-        values[f"ncdm_norm_{s}"] = rho["ncdm"][s] / eps_sum
-        values[f"ncdm_m_over_T_{s}"] = m_over_t
-    if model.de_fluid or model.de_at_lambda:
-        values.update(rho_de0=rho["fld"], w0=cosmo.w0_fld, wa=cosmo.wa_fld, cs2_de=1.0)
-    k = np.asarray(k, dtype=np.float64)
-    missing = [n for n in model.param_names if n != "k" and n not in values]
-    if missing:
-        raise ValueError(f"mode_param_rows: no value for model parameter(s) {missing}")
-    cols = [jnp.asarray(k) if name == "k"
-            else jnp.broadcast_to(jnp.asarray(values[name], jnp.float64), k.shape)
-            for name in model.param_names]
-    return jnp.stack(cols, axis=1)
+    t0 = time.perf_counter()
+    k = np.asarray(k, np.float64)
+    C, K = k.shape
+    if k_h is None and not np.all(k == k[:1]):
+        raise ValueError("compute_perturbations: without k_h every cosmology needs the same k")
+    zs = tuple(float(v) for v in z)
+    grid = tables.grid
+    x_save, z_cols = modes.save_times(zs)
+    rows_all = np.asarray(modes.mode_rows(model, cosmos, k, grid))
+    order = np.argsort(k.reshape(-1), kind="stable")  # by k, then cosmology
+    rows = rows_all[order]
+    x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
+    modes.check_start_times(x0, grid, x_save, precision)
+    weights = modes.error_weights(model)
+    timings = {"initial_conditions": time.perf_counter() - t0}
+
+    t0 = time.perf_counter()
+    name = backend if isinstance(backend, str) else getattr(backend, "name", "")
+    one_launch = name == "cuda" or (name == "auto" and pick_backend() == "cuda")
+    N = C * K
+    n_chunk = N if one_launch else int(np.ceil(N / N_CHUNKS_JAX))
+    ys = np.empty((N, x_save.size, model.n))
+    status = np.empty(N, int)
+    n_acc = np.empty(N, int)
+    n_rej = np.empty(N, int)
+    used, info = None, {}
+    progress("perturbations", 0, N)
+    for c in range(0, N, n_chunk):
+        idx = np.arange(c, min(c + n_chunk, N))
+        pad = np.concatenate([idx, np.full(n_chunk - idx.size, idx[-1])])
+        sol = solve(model.rhs, y0[pad], x_save, rows[pad], args=tables.model_table, t0=x0[pad],
+                    rtol=precision.rtol, atol=precision.atol, error_weights=weights,
+                    backend=backend, max_steps=int(max_steps))
+        m = idx.size
+        ys[idx] = np.asarray(sol.ys)[:m]
+        status[idx] = np.asarray(sol.status)[:m]
+        n_acc[idx] = np.asarray(sol.n_accepted)[:m]
+        n_rej[idx] = np.asarray(sol.n_rejected)[:m]
+        used, info = sol.backend, {"state_size": int(model.n), **dict(sol.info)}
+        progress("perturbations", int(idx[-1]) + 1, N)
+
+    timings["solve"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(N)
+    obs = observables(model, ys, x_save, rows, tables.model_table)
+    fields = {name: np.asarray(_czk(v, C, K, z_cols, inverse)) for name, v in obs.items()}
+    timings["observables"] = time.perf_counter() - t0
+    return Transfers(k=k, z=zs, k_h=None if k_h is None else np.asarray(k_h, np.float64), fields=fields,
+                     status=status[inverse].reshape(C, K), n_accepted=n_acc[inverse].reshape(C, K),
+                     n_rejected=n_rej[inverse].reshape(C, K), backend=used, solver_info=info,
+                     timings=timings)
 
 
-def mode_params(model, cosmo, k, grid: Grid, cosmo_row: int = 0) -> np.ndarray:
-    """Parameter rows (len(k), P) for the modes ``k`` [1/Mpc] of one cosmology (numpy)."""
-    return np.asarray(mode_param_rows(model, cosmo, k, grid, cosmo_row))
+def differentiable_transfers(table, cosmos, k, z, x0, model, grid, *, rtol, atol, chunks,
+                             backend="jax", sensitivity_error_control: bool = True,
+                             max_steps: int = MAX_STEPS) -> dict:
+    """{name: (C, Z, K)} transfer functions as a traceable function of ``table`` and ``cosmos``.
 
-
-def initial_states(model, params: np.ndarray, k_tau_ini: float, omega_tau_ini: float):
-    """(x_ini (N,), y0 (N, n)) of the adiabatic growing mode for every parameter row."""
-    x0, y0 = _initial_states_fn(model, float(k_tau_ini), float(omega_tau_ini))(jnp.asarray(params))
-    return np.asarray(x0), np.asarray(y0)
-
-
-@functools.lru_cache(maxsize=16)
-def _initial_states_fn(model, k_tau_ini, omega_tau_ini):
-    def one(p):
-        tau, a = initial_time(model, p, ktau_max=k_tau_ini, omtau_max=omega_tau_ini)
-        return jnp.log(a), adiabatic_initial_conditions(model, p, tau, a)
-    return jax.jit(jax.vmap(one))
-
-
-def initial_states_at(model, params, x0):
-    """y0 (N, n) of the adiabatic growing mode at given start times x0 = ln a (N,), traceable.
-
-    For derivatives: the start time is a numerical choice (the solution at later times does not
-    depend on it beyond the series' truncation error), so it is held fixed while the parameters
-    move, and the conformal time follows from a = sqrt(rho_r0) tau + rho_m0 tau^2 / 4, inverted in
-    the cancellation-free form tau = 2 a / (sqrt(rho_r0) + sqrt(rho_r0 + rho_m0 a)).
+    The start times ``x0`` (C·K,) are held fixed (boltzmann.modes.initial_states_at);
+    ``chunks``: index arrays into the C·K modes, each solved by one ``solver.solve_diff`` call.
     """
-    def one(p, x):
-        rho_r0, rho_m0 = radiation_matter(model, p)
-        a = jnp.exp(x)
-        tau = 2.0 * a / (jnp.sqrt(rho_r0) + jnp.sqrt(rho_r0 + rho_m0 * a))
-        return adiabatic_initial_conditions(model, p, tau, a)
-    return jax.vmap(one)(jnp.asarray(params), jnp.asarray(x0))
-
-
-#: state-name prefixes left out of step-size control: every free-streaming hierarchy, and the
-#: dark-energy fluid linearised about Λ (``de_at_lambda``: delta_de_A, theta_de_A, delta_de_B,
-#: theta_de_B), which enters the Einstein equations only through factors 1 + w0 - wa and
-#: wa (2 - a) that vanish at Λ: the states do not depend on it, only their w0/wa sensitivities
-#: do.  Its c_s² = 1 sound waves, resolved, multiplied the steps at k = 10 h/Mpc by 6.9 (924 ->
-#: 6394, lcdm.yaml, 2026-11-30; docs/gradients.md).
-UNCONTROLLED = ("F_g_", "G_g_", "F_ur_", "Psi_", "delta_de_", "theta_de_")
-
-
-def error_weights(model) -> np.ndarray:
-    """1 for the metric/matter/fluid variables, 0 for the hierarchies and the Λ-linearised fluid
-    (see module docstring and UNCONTROLLED).
-
-    Measured on lcdm.yaml (4 modes up to 3 h/Mpc, 2026-11-30): taking the massive-neutrino
-    multipoles out of control cut the largest step count from 61219 to 570 and changed P_cb by
-    < 2e-6.
-    """
-    w = np.ones(model.n)
-    for i, name in enumerate(model.state_names):
-        if name.startswith(UNCONTROLLED):
-            w[i] = 0.0
-    return w
+    k = np.asarray(k, np.float64)
+    C, K = k.shape
+    x_save, z_cols = modes.save_times(z)
+    rows = modes.mode_rows(model, cosmos, k, grid)
+    y0 = modes.initial_states_at(model, rows, x0)
+    weights = modes.error_weights(model)
+    ys = jnp.zeros((C * K, x_save.size, model.n))
+    for idx in chunks:
+        ys = ys.at[idx].set(solve_diff(
+            model.rhs, y0[idx], x_save, rows[idx], args=table, t0=np.asarray(x0)[idx], rtol=rtol,
+            atol=atol, error_weights=weights, max_steps=int(max_steps), backend=backend,
+            sensitivity_error_control=sensitivity_error_control))
+    obs = observables(model, ys, x_save, rows, table, compiled=False)
+    return {name: _czk(v, C, K, z_cols) for name, v in obs.items()}

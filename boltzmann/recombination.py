@@ -270,6 +270,23 @@ def saha_state(lna, p: RecombinationParams, iterations: int = 4):
     return jnp.stack([x_H, x_He, jnp.ones_like(x_H)])
 
 
+
+def _helium_escape(a2p, wavelength, sigma, kiv, n1s_He, H, T_b, p, x_He, one_minus_xH, settings):
+    """(Sobolev escape rate A_2p P_esc, continuum-opacity addition or None) of one He I 2p line
+    (singlet or triplet): the line's optical depth sets P_esc, and with
+    ``settings.helium_continuum_opacity`` hydrogen photo-ionisation by the line's photons adds a
+    fitted escape channel (Kholupenko, Ivanchik & Varshalovich 2007)."""
+    tau = a2p * 3.0 * n1s_He / (wavelength**3 * 8.0 * math.pi * H)
+    esc = a2p * _sobolev_escape(tau)
+    if not settings.helium_continuum_opacity:
+        return esc, None
+    nu = C_SI * wavelength
+    doppler = nu * jnp.sqrt(2.0 * K_B_SI * T_b / (M_H_SI * NOT4 * C_SI**2))
+    gamma = (3.0 * a2p * p.f_He * (1.0 - x_He) * C_SI**2
+             / (math.sqrt(math.pi) * sigma * 8.0 * math.pi * doppler * one_minus_xH * nu**2))
+    pb, qb = kiv
+    return esc, a2p / (1.0 + pb * jnp.maximum(gamma, 1e-300) ** qb)
+
 def recombination_rhs(
     lna,
     y,
@@ -317,15 +334,10 @@ def recombination_rhs(
     n1s_He = n_He * (1.0 - x_He)
     one_minus_xH = jnp.maximum(1.0 - x_H, 1e-30)
     if settings.helium_sobolev:
-        tau_s = A2P_SINGLET * 3.0 * n1s_He / (L_HE_2P**3 * 8.0 * math.pi * H)
-        esc = A2P_SINGLET * _sobolev_escape(tau_s)
-        if settings.helium_continuum_opacity:
-            nu = C_SI * L_HE_2P
-            doppler = nu * jnp.sqrt(2.0 * K_B_SI * T_b / (M_H_SI * NOT4 * C_SI**2))
-            gamma = (3.0 * A2P_SINGLET * p.f_He * (1.0 - x_He) * C_SI**2
-                     / (math.sqrt(math.pi) * SIGMA_HE_2PS * 8.0 * math.pi * doppler * one_minus_xH * nu**2))
-            pb, qb = KIV_SINGLET
-            esc = esc + A2P_SINGLET / (1.0 + pb * jnp.maximum(gamma, 1e-300) ** qb)
+        esc, continuum = _helium_escape(A2P_SINGLET, L_HE_2P, SIGMA_HE_2PS, KIV_SINGLET, n1s_He,
+                                        H, T_b, p, x_He, one_minus_xH, settings)
+        if continuum is not None:
+            esc = esc + continuum
         # 1 / (K_He n_1s) = 3 x (escape rate per 2^1P atom); the Peebles factor below is written with
         # its inverse so that it stays finite when the Boltzmann factor e^{+h nu_ps / kT} overflows
         inv_K_n1s = 3.0 * esc
@@ -339,15 +351,10 @@ def recombination_rhs(
     if settings.helium_triplet:
         alpha_t = alpha_HeI_triplet(T_b)
         beta_t = (4.0 / 3.0) * alpha_HeI_triplet(T_ph) * (SAHA_CR * T_ph) ** 1.5 * jnp.exp(-T_HE_2ST_ION / T_ph)
-        tau_t = A2P_TRIPLET * 3.0 * n1s_He / (L_HE_2PT**3 * 8.0 * math.pi * H)
-        esc_t = A2P_TRIPLET * _sobolev_escape(tau_t)
-        if settings.helium_continuum_opacity:
-            nu_t = C_SI * L_HE_2PT
-            doppler_t = nu_t * jnp.sqrt(2.0 * K_B_SI * T_b / (M_H_SI * NOT4 * C_SI**2))
-            gamma_t = (3.0 * A2P_TRIPLET * p.f_He * (1.0 - x_He) * C_SI**2
-                       / (math.sqrt(math.pi) * SIGMA_HE_2PT * 8.0 * math.pi * doppler_t * one_minus_xH * nu_t**2))
-            pb, qb = KIV_TRIPLET
-            esc_t = esc_t + A2P_TRIPLET / (1.0 + pb * jnp.maximum(gamma_t, 1e-300) ** qb) / 3.0
+        esc_t, continuum = _helium_escape(A2P_TRIPLET, L_HE_2PT, SIGMA_HE_2PT, KIV_TRIPLET,
+                                          n1s_He, H, T_b, p, x_He, one_minus_xH, settings)
+        if continuum is not None:
+            esc_t = esc_t + continuum / 3.0
         # C_t = w / (beta_t + w) with w = esc_t e^{-h nu_pst/kT}; written with the exponents combined
         # so that it stays finite at low T where both w and beta_t underflow
         beta_t_eff = (4.0 / 3.0) * alpha_HeI_triplet(T_ph) * (SAHA_CR * T_ph) ** 1.5 * jnp.exp(

@@ -27,6 +27,7 @@ and an error names the k range that would be needed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,9 @@ import numpy as np
 from jax.lax.linalg import tridiagonal_solve
 
 __all__ = [
+    "Spectra",
+    "compute_spectra",
+    "power_spectra",
     "primordial_curvature_power",
     "power_from_transfer",
     "cb_transfer",
@@ -259,3 +263,107 @@ def check_sigma_k_coverage(k, pk, R: float, rtol: float = 1e-4) -> dict:
             f"relative accuracy {rtol:g}: it needs k from <= {need_lo:.3g} to >= {need_hi:.3g} 1/Mpc "
             f"(estimated missing sigma^2 fractions: low-k {tail_lo / sigma2:.2g}, high-k {tail_hi / sigma2:.2g})")
     return info
+
+
+# --------------------------------------------------------------------------- the spectra stage
+@dataclass(frozen=True)
+class Spectra:
+    """Linear power spectra and σ8 of C cosmologies at Z redshifts (stage 3).
+
+    k: (C, K) [1/Mpc]; z: the redshifts; pk_m, pk_cb: (C, Z, K) [Mpc^3] linear P(k) of all matter
+    (cdm + b + ncdm) and of cdm + b; sigma8, sigma8_cb: (C, Z), NaN where a mode of the cosmology
+    failed or fewer than 5 wavenumbers were computed;
+    problems: (cosmology, "d_m" | "d_cb", z, message) for every σ8 whose k range is too narrow
+    (``check_sigma_k_coverage``) or that could not be formed.
+    """
+
+    k: np.ndarray
+    z: tuple
+    pk_m: np.ndarray
+    pk_cb: np.ndarray
+    sigma8: np.ndarray
+    sigma8_cb: np.ndarray
+    problems: list = field(default_factory=list)
+
+    def problem(self, c: int, name: str, z: float) -> str | None:
+        """The message of σ8's problem for cosmology c, "d_m" or "d_cb", redshift z (or None)."""
+        for cc, nn, zz, message in self.problems:
+            if (cc, nn, zz) == (c, name, z):
+                return message
+        return None
+
+
+def _primordial(cosmos):
+    return tuple(jnp.asarray(getattr(cosmos, n))[:, None, None] for n in ("A_s", "n_s", "k_pivot"))
+
+
+def _sigma8_all(k, k_h, pk, h):
+    """σ(8 Mpc/h) of every row of pk (C, K), by one vmapped sigma_R.
+
+    A grid given in h/Mpc (k = k_h·h) is the same grid in k/h for every cosmology, and
+    σ(8 Mpc/h) = σ_R(k_h, h³ P, R = 8) exactly; a grid in 1/Mpc is shared as is, R = 8/h then
+    varies and the sampling is set by the largest R (25 Mpc when h is traced).
+    """
+    if k_h is not None:
+        return jax.vmap(lambda p, hh: sigma_R(k_h, p * hh**3, 8.0, check_coverage=False))(pk, h)
+    h_np = _as_concrete_numpy(h)
+    r_max = 25.0 if h_np is None else float(np.max(8.0 / h_np))
+    return jax.vmap(lambda p, hh: sigma_R(k[0], p, 8.0 / hh, check_coverage=False,
+                                          R_max_sampling=r_max))(pk, h)
+
+
+def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True) -> dict:
+    """{P_m, P_cb: (C, Z, K); sigma8, sigma8_cb: (C, Z)} from transfer fields (C, Z, K); traceable
+    in the fields and in ``cosmos`` (stacked CosmoParams), ``k`` (C, K) concrete."""
+    k = np.asarray(k, np.float64)
+    d_m = jnp.asarray(fields["d_m"])
+    if "d_cb" in fields:
+        d_cb = jnp.asarray(fields["d_cb"])
+    else:
+        w_c = jnp.asarray(cosmos.omega_cdm)[:, None, None]
+        w_b = jnp.asarray(cosmos.omega_b)[:, None, None]
+        d_cb = cb_transfer(fields["d_cdm"], fields["d_b"], w_c, w_b)
+    A_s, n_s, k_pivot = _primordial(cosmos)
+    kk = jnp.asarray(k)[:, None, :]
+    out = {"P_m": power_from_transfer(kk, d_m, A_s, n_s, k_pivot),
+           "P_cb": power_from_transfer(kk, d_cb, A_s, n_s, k_pivot)}
+    if with_sigma8:
+        h = jnp.asarray(cosmos.h)
+        for name, key in (("sigma8", "P_m"), ("sigma8_cb", "P_cb")):
+            out[name] = jnp.stack([_sigma8_all(k, k_h, out[key][:, iz], h)
+                                   for iz in range(d_m.shape[1])], axis=1)
+    return out
+
+
+def compute_spectra(transfers, cosmos, *, check_coverage: bool = True) -> Spectra:
+    """Stage 3: P_m, P_cb and σ8 of every cosmology from a ``perturbations.Transfers``.
+
+    ``cosmos``: the stacked CosmoParams of the transfers' cosmologies. With ``check_coverage``,
+    every σ8 whose k range misses more than 1e-4 of it is listed in ``problems``.
+    """
+    k = np.asarray(transfers.k)
+    C, K = k.shape
+    with_sigma8 = K >= 5
+    out = {n: np.asarray(v) for n, v in power_spectra(transfers.fields, k, cosmos,
+                                                      k_h=transfers.k_h,
+                                                      with_sigma8=with_sigma8).items()}
+    problems = []
+    if not with_sigma8:
+        nan = np.full((C, len(transfers.z)), np.nan)
+        out["sigma8"], out["sigma8_cb"] = nan, nan.copy()
+        problems = [(c, name, z, f"no sigma8: {K} wavenumbers, at least 5 are needed")
+                    for c in range(C) for name in ("d_m", "d_cb") for z in transfers.z]
+    elif check_coverage:
+        h = np.asarray(cosmos.h, np.float64)
+        for c in range(C):
+            for iz, z in enumerate(transfers.z):
+                for name, key in (("d_m", "P_m"), ("d_cb", "P_cb")):
+                    pk = out[key][c, iz]
+                    if not np.all(np.isfinite(pk) & (pk > 0)):
+                        continue
+                    try:
+                        check_sigma_k_coverage(k[c], pk, 8.0 / h[c])
+                    except KRangeError as exc:
+                        problems.append((c, name, z, str(exc)))
+    return Spectra(k=k, z=tuple(transfers.z), pk_m=out["P_m"], pk_cb=out["P_cb"],
+                   sigma8=out["sigma8"], sigma8_cb=out["sigma8_cb"], problems=problems)

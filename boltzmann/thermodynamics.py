@@ -32,6 +32,7 @@ import numpy as np
 
 from boltzmann import recombination as rec
 from boltzmann import reionization as reio
+from models.hermite import cumulative_hermite, hermite_interp, hermite_panels
 
 #: quantities tabulated with a derivative column ``d<name>``
 TABULATED = ("x_e", "kappa_dot", "ln_kappa_dot", "T_b", "cs2", "exp_m_kappa", "visibility")
@@ -78,34 +79,10 @@ class ThermoTable(NamedTuple):
         return hermite_interp(self.lna, getattr(self, name), getattr(self, "d" + name), lna)
 
 
-def hermite_interp(x_nodes, values, derivs, x):
-    """Cubic Hermite interpolation on a uniform grid (values and first derivatives at nodes)."""
-    x = jnp.asarray(x)
-    h = x_nodes[1] - x_nodes[0]
-    i = jnp.clip(jnp.floor((x - x_nodes[0]) / h).astype(jnp.int32), 0, x_nodes.shape[0] - 2)
-    s = (x - x_nodes[i]) / h
-    s2, s3 = s * s, s * s * s
-    h00 = 2 * s3 - 3 * s2 + 1
-    h10 = s3 - 2 * s2 + s
-    h01 = -2 * s3 + 3 * s2
-    h11 = s3 - s2
-    return h00 * values[i] + h10 * h * derivs[i] + h01 * values[i + 1] + h11 * h * derivs[i + 1]
-
-
-def _hermite_panels(h, q, dq):
-    """Integrals of q over each grid panel by the Hermite (corrected trapezoid) rule, O(h^5)."""
-    return 0.5 * h * (q[:-1] + q[1:]) + h * h / 12.0 * (dq[:-1] - dq[1:])
-
-
-def cumulative_hermite(h, q, dq):
-    """Running integral of q from node 0 to each node."""
-    return jnp.concatenate([jnp.zeros(1, q.dtype), jnp.cumsum(_hermite_panels(h, q, dq))])
-
-
 def _integral_to_end(h, q, dq):
     """Integral of q from each node to the last node, summed from the late end so that small
     late-time values are not lost against the huge early-time ones (kappa ~ 1e10 at a = 1e-10)."""
-    tail = jnp.cumsum(_hermite_panels(h, q, dq)[::-1])[::-1]
+    tail = jnp.cumsum(hermite_panels(h, q, dq)[::-1])[::-1]
     return jnp.concatenate([tail, jnp.zeros(1, q.dtype)])
 
 

@@ -1,4 +1,4 @@
-"""Compile generated Python source and register it with ``linecache``.
+"""Write straight-line Python source, compile it and register it with ``linecache``.
 
 Generated straight-line code is only debuggable if tracebacks (and ``inspect.getsource``) can
 show it, so each compiled source gets a unique pseudo-filename whose text lives in ``linecache``.
@@ -10,6 +10,25 @@ import itertools
 import linecache
 
 _counter = itertools.count()
+
+
+def lit(value: float) -> str:
+    """A float literal that round-trips exactly."""
+    return repr(float(value))
+
+
+class Emitter:
+    """Collects the indented body lines of one generated function: ``e(name, expr)`` appends
+    ``name = expr``, ``e.comment(text)`` a comment."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, name: str, expr: str):
+        self.lines.append(f"    {name} = {expr}")
+
+    def comment(self, text: str):
+        self.lines.append(f"    # {text}")
 
 
 def compile_source(source: str, function_names, namespace: dict, tag: str = "generated"):

@@ -14,7 +14,8 @@ source can run under JAX (``JAX_TABLE_OPS``), plain Python/numba (``PY_TABLE_OPS
   fractional position t = (x - x_j)/dx.
 * ``row(value) -> int``: the cosmology row index, stored as a float in the parameter vector.
 
-The Hermite basis itself is emitted inline by the generator (pure arithmetic), see ``hermite``.
+The Hermite basis itself is emitted inline by the generator (pure arithmetic, no call), from
+models.hermite, which also holds the numeric cubic :func:`interpolate` uses.
 
 :class:`TableSplit` is the protocol by which an RHS that reads tables tells a solver how to keep the
 table reads out of what it differentiates (the CUDA backend needs it: Enzyme's CUDA ``jvp`` takes
@@ -29,6 +30,8 @@ from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
+
+from .hermite import hermite
 
 
 def _cell_jax(x, x_min, dx, n_grid):
@@ -54,14 +57,6 @@ def _row_py(value):
 
 JAX_TABLE_OPS = SimpleNamespace(cell=_cell_jax, row=_row_jax)
 PY_TABLE_OPS = SimpleNamespace(cell=_cell_py, row=_row_py)
-
-
-def hermite(t, dx, f0, d0, f1, d1):
-    """Cubic Hermite on one cell: values f0, f1 and d/dx d0, d1 at its ends, t in [0, 1]."""
-    t2 = t * t
-    t3 = t2 * t
-    return ((2.0 * t3 - 3.0 * t2 + 1.0) * f0 + (t3 - 2.0 * t2 + t) * dx * d0
-            + (-2.0 * t3 + 3.0 * t2) * f1 + (t3 - t2) * dx * d1)
 
 
 def interpolate(tab, row, column, x, x_min, dx):
@@ -109,7 +104,7 @@ class TableSplit:
     * ``lookup_dt(t, p, tab)`` is its exact derivative d/dt (closed form), so that
       df/dt = ∂core/∂t + ∂core/∂tv · lookup_dt (the chain rule through the table);
     * ``core(y, t, p, tv)`` returns a tuple of n scalars and indexes ``y``, ``p`` and ``tv`` with
-      integer literals only (the RHS form of DESIGN §3).
+      integer literals only (straight-line code that device compilers and Enzyme accept).
 
     Two compilations of the same generated lines (they differ only in how the cell index is
     computed) are provided: ``core``/``lookup``/``lookup_dt`` trace under JAX (``M`` = jax.numpy);

@@ -1,6 +1,6 @@
-"""Issue 4's GPU benchmark, one process, side by side (DESIGN §11).
+"""The GPU benchmark: every backend side by side, in one process.
 
-(a) Stiff ensembles: the 64-variable van der Pol lattice (models/stiff.py, t in [0, 3], the
+(a) Stiff ensembles: the 64-variable van der Pol lattice (tests/stiff_problems.py, t in [0, 3], the
     problem of scripts/bench_solver.py) at N = 1e3, 1e4, 1e5 trajectories: our CUDA backend vs our
     JAX backend vs diffrax (Rodas5p if the installed diffrax has it, else Kvaerno5), same
     rtol = atol.
@@ -8,13 +8,13 @@
     redshifts) for 1, 16, 128, 1024 cosmologies per launch through boltzmann/ensemble.py
     (fiducial_ensemble: ±5% Latin hypercube in omega_b, omega_cdm, h, n_s, A_s), CUDA vs JAX.
 (c) One cosmology, params -> P(k) and σ8, wall time end to end, warm.
-(d) Gradients (issue 5): the full Jacobian ∂P(k)/∂θ of one cosmology (all parameters of
+(d) Gradients: the full Jacobian ∂P(k)/∂θ of one cosmology (all parameters of
     boltzmann.gradients.PARAMETERS that the config has) against ONE P(k) from the same
     PowerSpectrumFunction, per backend (target: Jacobian <= 2x one P(k) on one H200), and the
     throughput of value-and-Jacobian over ``--grad-batch`` cosmologies, run one after another
     through the compiled Jacobian program (a vmapped Jacobian is a new, much larger program).
     With both backends it prints their agreement: per parameter, max |∂ln P_cuda - ∂ln P_jax|
-    over the Jacobian's largest |∂ln P/∂θ| (issue 5's GPU criterion is 1e-4). ``--grad-sec both``
+    over the Jacobian's largest |∂ln P/∂θ| (the tests' bound is 1e-4). ``--grad-sec both``
     adds rows with sensitivity error control off (the threads take the plain solve's steps) and
     the SEC-off Jacobian's difference from the SEC-on one in the same units. The CUDA row's note
     gives the launches' steps and kernel seconds, and which (k, parameter) the slowest
@@ -28,7 +28,7 @@ and turned into achieved GFLOP/s against the H200's fp64 peak (34 TFLOP/s vector
 tensor cores, which scalar per-thread code cannot use).
 
 The parts run in the order of ``--parts`` (default "bca": the ΛCDM ensembles first, since they
-are the point of issue 4). A global time budget (``--budget``, default 480 s) keeps the run inside
+are what the solver is for). A global time budget (``--budget``, default 480 s) keeps the run inside
 a 10-minute device call: each part but the last may use only a share of what is left
 (SECTION_SHARE); before each row its time is projected from the rows already measured (or a prior
 guess), and a row that would not fit, or would exceed ``--row-limit``, is printed as "skipped:
@@ -57,6 +57,8 @@ os.environ.setdefault("JAX_ENABLE_X64", "1")
 # numba (the CUDA backend) allocates next to XLA: do not let XLA take 75% of the GPU up front
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the stiff test problems (van der Pol lattice) live with the solver's tests
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -64,12 +66,11 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+from solver.cost import TRANSCENDENTAL_FLOPS, work_estimate  # noqa: E402
+
 #: H200 SXM fp64 peaks [FLOP/s] (NVIDIA datasheet): vector units, and DMMA tensor cores
 H200_FP64_VECTOR = 34e12
 H200_FP64_TENSOR = 67e12
-#: fp64 flop-equivalents charged per transcendental (exp, log, sqrt, pow, ...): on NVIDIA GPUs
-#: these are software sequences of roughly 10-40 DFMA-class instructions; 20 is a round middle
-TRANSCENDENTAL_FLOPS = 20
 
 VDP_T_END = 3.0
 VDP_TOL = 1e-6
@@ -210,134 +211,6 @@ def _unavailable_reason(exc: BaseException) -> str:
 
 
 # =========================================================================== work estimate
-_ARITH = {"add", "sub", "mul", "div", "neg", "max", "min", "abs", "sign", "square", "rem",
-          "add_any", "dot_general", "reduce_sum", "reduce_max", "reduce_min", "cumsum",
-          "floor", "ceil", "round", "clamp", "select_n", "nextafter"}
-_TRANS = {"exp", "exp2", "log", "log1p", "expm1", "sqrt", "rsqrt", "cbrt", "pow", "sin", "cos",
-          "tan", "tanh", "atan", "atan2", "asin", "acos", "sinh", "cosh", "erf", "erfc",
-          "logistic", "lgamma", "digamma"}
-
-
-def count_ops(fn, *example) -> dict:
-    """Arithmetic and transcendental operation counts of ``fn``'s jaxpr (per call).
-
-    Each equation counts once per output element (integer_pow y**n as n-1 multiplies,
-    dot_general as 2 m n k); sub-jaxprs (pjit, custom_jvp, cond branches: the largest) are walked.
-    Gathers, selects of constants, converts and shape ops are not counted.
-    """
-    closed = jax.make_jaxpr(fn)(*example)
-    counts = {"arith": 0, "transcendental": 0}
-    _walk(closed.jaxpr, counts)
-    return counts
-
-
-def _size(v) -> int:
-    shape = getattr(getattr(v, "aval", None), "shape", ())
-    return int(np.prod(shape)) if shape else 1
-
-
-def _walk(jaxpr, counts, mult: int = 1):
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        out = max((_size(v) for v in eqn.outvars), default=1)
-        subs = []
-        for p in eqn.params.values():
-            for q in (p if isinstance(p, (tuple, list)) else (p,)):
-                if hasattr(q, "eqns"):
-                    subs.append(q)
-                elif hasattr(q, "jaxpr") and hasattr(q.jaxpr, "eqns"):
-                    subs.append(q.jaxpr)
-        if subs:
-            if name == "cond":
-                best = None
-                for s in subs:
-                    c = {"arith": 0, "transcendental": 0}
-                    _walk(s, c, mult)
-                    if best is None or c["arith"] > best["arith"]:
-                        best = c
-                for k in counts:
-                    counts[k] += best[k]
-            else:
-                for s in subs:
-                    _walk(s, counts, mult)
-            continue
-        if name == "integer_pow":
-            counts["arith"] += mult * out * max(abs(int(eqn.params.get("y", 2))) - 1, 1)
-        elif name == "dot_general":
-            lhs = eqn.invars[0].aval.shape
-            (lc, _), _ = eqn.params["dimension_numbers"]
-            k = int(np.prod([lhs[i] for i in lc])) if lc else 1
-            counts["arith"] += mult * 2 * out * k
-        elif name in _TRANS:
-            counts["transcendental"] += mult * out
-        elif name in _ARITH:
-            counts["arith"] += mult * out
-
-
-def work_estimate(rhs, n: int, n_params: int, args=None, y=None, p=None) -> dict:
-    """Rough fp64 operation count of one Rodas5P step (what both our backends execute).
-
-    per step = Jacobian (one primal RHS + (colours + 1) JVP sweeps; a sweep's cost is the JVP
-    jaxpr minus the primal's — an upper bound for the CUDA kernel, where Enzyme folds the literal
-    seeds) + W assembly (nslots + n) + sparse LU factorisation (the symbolic LU's own count) +
-    8 triangular solves + 7 further RHS evaluations + the stage combinations (2n per nonzero
-    tableau coefficient in a, C, d, b, e) + the error norm (~6n). Transcendentals are charged
-    TRANSCENDENTAL_FLOPS each. Dense output (only at save times) and the controller (scalars) are
-    left out. Sparsity, colouring and LU are the solver's own (solver.sparsity / linear /
-    jacobian), built here once more.
-    """
-    from solver.jacobian import build_jacobian_plan
-    from solver.linear import build_linear_solver
-    from solver.sparsity import detect_sparsity
-    from solver.tableau import RODAS5P as tab
-
-    t0 = time.perf_counter()
-    y = jnp.ones(n) * 0.1 if y is None else jnp.asarray(y)
-    p = jnp.ones(max(n_params, 1)) if p is None else jnp.asarray(p)
-    if args is None:
-        pattern = detect_sparsity(rhs, n, n_params)
-
-        def f(y_, t_):
-            return jnp.stack(jnp.broadcast_arrays(*rhs(y_, t_, p)))
-    else:
-        pattern = detect_sparsity(rhs, n, n_params, args=args)
-
-        def f(y_, t_):
-            return jnp.stack(jnp.broadcast_arrays(*rhs(y_, t_, p, args)))
-    pattern = np.asarray(pattern, bool) | np.eye(n, dtype=bool)
-    linear = build_linear_solver(pattern, method="sparse")
-    n_factor, n_solve = linear.symbolic.op_counts()
-    colors = build_jacobian_plan(pattern, linear).n_colors
-    t = jnp.asarray(0.5)
-    prim = count_ops(f, y, t)
-    both = count_ops(lambda y_, t_, dy, dt: jax.jvp(f, (y_, t_), (dy, dt)), y, t, y, t)
-    tangent = {k: both[k] - prim[k] for k in prim}
-
-    def flops(c):
-        return c["arith"] + TRANSCENDENTAL_FLOPS * c["transcendental"]
-
-    s = tab.stages
-    nnz = (int(np.count_nonzero(tab.a)) + int(np.count_nonzero(tab.C))
-           + int(np.count_nonzero(tab.d)) + int(np.count_nonzero(tab.b))
-           + int(np.count_nonzero(tab.e)))
-    parts = {
-        "jacobian": flops(prim) + (colors + 1) * flops(tangent),
-        "w_assembly": linear.nslots + n,
-        "lu_factor": n_factor,
-        "triangular_solves": s * n_solve,
-        "stage_rhs": (s - 1) * flops(prim),
-        "stage_combinations": 2 * n * nnz,
-        "error_norm": 6 * n,
-    }
-    return {"n": n, "pattern_nnz": int(pattern.sum()), "lu_slots": int(linear.nslots),
-            "colours": int(colors), "rhs_arith": prim["arith"],
-            "rhs_transcendental": prim["transcendental"], "jvp_sweep_arith": tangent["arith"],
-            "jvp_sweep_transcendental": tangent["transcendental"], "lu_factor_ops": n_factor,
-            "lu_solve_ops": n_solve, "per_step": parts,
-            "flops_per_step": int(sum(parts.values())),
-            "estimate_seconds": time.perf_counter() - t0}
-
-
 def _gflops(work, steps_total, seconds):
     if not work or not seconds or not steps_total:
         return None
@@ -405,7 +278,7 @@ def _vdp_call(backend, prob, N):
 
 
 def run_vdp(args, report, budget, work):
-    from models.stiff import van_der_pol_lattice
+    from stiff_problems import van_der_pol_lattice
 
     prob = van_der_pol_lattice(32)
     backends = [b for b in args.backends if b in ALL_BACKENDS]
@@ -513,15 +386,15 @@ def _eb_setup(args):
 
 
 def _eb_work(cfg, report, work):
-    from boltzmann import ensemble
-    from boltzmann import perturbations as pt
+    from boltzmann import ensemble, modes
 
     try:
-        model = ensemble._model(cfg.cosmology, cfg.precision)
-        grid = pt.make_grid(cfg.precision)
+        model = modes.model_for(cfg.cosmology, cfg.precision)
+        grid = modes.make_grid(cfg.precision)
         # a representative table and parameter row: shapes are what the counts need
         tab = jnp.zeros((1, len(model.table_columns), 2, grid.n)).at[:, :, 0, :].set(-1.0)
-        p = np.asarray(pt.mode_params(model, cfg.cosmology, [0.1], grid)[0])
+        p = np.asarray(modes.mode_rows(model, ensemble.stack_cosmologies([cfg.cosmology]),
+                                       [[0.1]], grid)[0])
         w = work_estimate(model.rhs, model.n, len(model.param_names), args=tab,
                           y=np.full(model.n, 0.1), p=p)
         work["eb"] = w
@@ -585,7 +458,7 @@ def _eb_row(row, backend, cfg, cosmos, work, dead):
         t = time.perf_counter()
         res = call()
         first = time.perf_counter() - t
-        first_timings = {k: float(v) for k, v in res.timings.items()}
+        first_timings = _timings(res)
         warm, repeats, res = _warm_calls(call, first, min_total=1.0, max_repeats=3)
     except Exception as exc:
         reason = _unavailable_reason(exc)
@@ -594,31 +467,43 @@ def _eb_row(row, backend, cfg, cosmos, work, dead):
         row.update(status="error", note=reason, traceback=traceback.format_exc())
         return
     C = len(cosmos)
-    st = res.solver_stats
+    st = res.solver_stats()
     row.update(status="ok", first_s=first, first_timings=first_timings, warm_s=warm,
                warm_repeats=repeats,
                ms_per_launch=1e3 * warm, ms_per_cosmology=1e3 * warm / C, per_s=C / warm,
-               trajectories_per_s=res.n_trajectories / warm,
+               trajectories_per_s=res.k.size / warm,
                steps_median=st["accepted_steps_median"], steps_max=st["accepted_steps_max"],
-               steps_total=st["steps_total"], failed=len(res.failed),
-               timings={k: float(v) for k, v in res.timings.items()},
-               sigma8_fiducial=float(res.sigma8[min(res.z)][0]),
+               steps_total=st["steps_total"], failed=len(res.failures()),
+               timings=_timings(res),
+               sigma8_fiducial=_sigma8_low_z(res),
                kernel_s=st.get("kernel_seconds"))
-    g = _gflops(work, st["steps_total"], res.timings["solve"])
+    g = _gflops(work, st["steps_total"], res.transfers.timings["solve"])
     row.update(gflops_solve=g, peak_fraction=None if g is None else g * 1e9 / H200_FP64_VECTOR)
     notes = []
     if st.get("tables_device"):
         notes.append(f"tables on {st['tables_device']}")
     if row["kernel_s"] is not None:
         notes.append(f"kernel {1e3 * row['kernel_s']:.0f} ms of the solve")
-    if res.failed:
-        notes.append(f"{len(res.failed)} modes failed ({res.failed[0][2]})")
+    failed = res.failures()
+    if failed:
+        notes.append(f"{len(failed)} modes failed ({failed[0][2]})")
     row["note"] = "; ".join(notes)
+
+
+def _sigma8_low_z(res) -> float:
+    """σ8 of the first cosmology at the lowest output redshift."""
+    return float(res.spectra.sigma8[0, int(np.argmin(res.z))])
 
 
 def _split(t) -> str:
     return " / ".join(f"{1e3 * t[k]:.0f}" for k in ("tables", "initial_conditions", "solve",
                                                     "spectra"))
+
+
+def _timings(res) -> dict:
+    """Seconds per stage, the perturbation stage split into initial conditions, solve and
+    observables."""
+    return {k: float(v) for k, v in {**res.timings, **res.transfers.timings}.items()}
 
 
 def _eb_line(r) -> str:
@@ -662,9 +547,9 @@ def run_one(args, report, budget, cfg, dead):
                     first = time.perf_counter() - t
                     warm, repeats, res = _warm_calls(call, first, min_total=1.0, max_repeats=5)
                     row.update(status="ok", first_s=first, warm_s=warm, warm_repeats=repeats,
-                               timings={k: float(v) for k, v in res.timings.items()},
-                               sigma8=float(res.sigma8[min(res.z)][0]),
-                               note="; ".join(res.sigma8_problems[:1]))
+                               timings=_timings(res),
+                               sigma8=_sigma8_low_z(res),
+                               note="; ".join(p[3] for p in res.spectra.problems[:1]))
                 except Exception as exc:
                     row.update(status="error", note=_unavailable_reason(exc),
                                traceback=traceback.format_exc())
@@ -685,7 +570,7 @@ def grad_parameters(cfg) -> list:
 
 
 def run_grad(args, report, budget, cfg, dead):
-    from boltzmann.pipeline import host_cpu
+    from boltzmann.tables import host_cpu
 
     names = grad_parameters(cfg)
     K = len(cfg.output.k_grid(float(cfg.cosmology.h)))
@@ -707,7 +592,7 @@ def run_grad(args, report, budget, cfg, dead):
                 row.update(status="skipped", note=why)
             elif b == "jax" and host_cpu() is not None:
                 # the JAX joint solve is a chain of small dependent ops per step: on the GPU it
-                # runs at launch latency (H200, 2026-11-30: not finished after 17 min), so the
+                # runs at launch latency (on an H200 it had not finished after 17 min), so the
                 # JAX row of (d) is measured on this host's CPU and labelled so
                 row["backend"] = "jax (host CPU)"
                 with jax.default_device(host_cpu()):
@@ -745,7 +630,6 @@ def gradient_agreement(got, ref) -> np.ndarray:
 def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
     """Fills ``row``; returns ∂ln P_m/∂θ at the fiducial (None if the row failed)."""
     from boltzmann.gradients import PowerSpectrumFunction
-    from solver.sensitivity import LAST_CUDA_LAUNCH
 
     try:
         fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=backend,
@@ -764,20 +648,18 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
         t = time.perf_counter()
         val, jc = jac()
         j_first = time.perf_counter() - t
-        LAST_CUDA_LAUNCH.clear()       # the note below describes this row's launches only
         j_warm, _, (val, jc) = _warm_calls(jac, j_first, min_total=1.0, max_repeats=3)
         finite = bool(np.all(np.isfinite(np.asarray(jc["P_m"]))))
         row.update(status="ok", value_first_s=v_first, value_warm_s=v_warm,
                    jacobian_first_s=j_first, jacobian_warm_s=j_warm,
                    ratio=j_warm / v_warm, jacobian_finite=finite)
-        launches = (_launch_note(names, fn.k[fn._chunks[-1]])   # n_chunks=1: one launch
-                    if backend == "cuda" else None)
+        launches = _slowest_thread(fn, backend, sec) if backend == "cuda" else None
         if launches:
             row["launches"] = launches
         if batch > 1 and not budget.refuse(2 * batch * j_warm):
             # B cosmologies through the compiled Jacobian program one after another: a vmap of
-            # the Jacobian is a new (B-wide joint-solve) XLA program whose CPU compile did not
-            # finish in 10 minutes (2026-11-30), and on the CUDA backend the sensitivity launches
+            # the Jacobian is a new (B-wide joint-solve) XLA program whose CPU compile does not
+            # finish in 10 minutes, and on the CUDA backend the sensitivity launches
             # inside a vmap run one after another anyway
             thetas = fn.theta0[None, :] * (1.0 + 0.01 * jnp.linspace(-1.0, 1.0, batch)[:, None])
 
@@ -796,22 +678,35 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
         return None
 
 
-def _launch_note(names, k) -> dict | None:
-    """The CUDA launches of the last Jacobian (solver.sensitivity.LAST_CUDA_LAUNCH): steps of
-    the slowest thread, kernel seconds, and which (k, parameter) the slowest thread was."""
-    from solver.sensitivity import LAST_CUDA_LAUNCH
+def _slowest_thread(fn, backend, sec) -> dict | None:
+    """The sensitivity launch of ``fn``'s Jacobian, once more as an explicit joint solve: its
+    threads' steps and which (k, parameter) the slowest thread integrated (a launch lasts as long
+    as that thread)."""
+    from solver import joint_solve
 
-    if "tangent" not in LAST_CUDA_LAUNCH:
+    prob = fn.sensitivity_problem()
+    prob.pop("observables")
+    _, _, info = joint_solve(**prob, backend=backend, sensitivity_error_control=sec)
+    return launch_note(info, list(fn.parameters), fn.k)
+
+
+def launch_note(info: dict, names, k) -> dict | None:
+    """Summary of a CUDA joint solve's ``info`` (``solver.joint_solve``): the slowest thread's
+    steps, its (k, parameter), the threads and the kernel seconds; None without thread data."""
+    steps = info.get("thread_n_accepted")
+    if steps is None:
         return None
-    rec = {kind: dict(v) for kind, v in LAST_CUDA_LAUNCH.items()}
-    t, p = rec["tangent"], rec.get("primal", {})
-    i, d = t["slowest_trajectory"], t["slowest_direction"]
+    steps = np.asarray(steps)                       # (directions, trajectories)
+    d, i = np.unravel_index(int(np.argmax(steps)), steps.shape)
     where = (f"k = {k[i]:.3g}/Mpc, {names[d]}" if i < len(k) and d < len(names)
              else f"trajectory {i}, direction {d}")
-    kern = (lambda r: f", kernel {r['kernel_seconds']:.2f} s"
-            if r.get("kernel_seconds") is not None else "")
-    rec["text"] = (f"primal: max {p.get('steps_max', '—')} steps{kern(p)}; tangent: max "
-                   f"{t['steps_max']} steps over {t['threads']} threads{kern(t)}, slowest {where}")
+    kernel = (info.get("launch") or {}).get("kernel_seconds")
+    rec = {"steps_max": int(steps.max()), "steps_median": float(np.median(steps)),
+           "threads": int(steps.size), "slowest_trajectory": int(i), "slowest_direction": int(d),
+           "kernel_seconds": kernel}
+    rec["text"] = (f"tangent: max {rec['steps_max']} steps over {rec['threads']} threads"
+                   + (f", kernel {kernel:.2f} s" if kernel is not None else "")
+                   + f", slowest {where}")
     return rec
 
 

@@ -10,7 +10,9 @@ Prints wall times and ratios; the numbers in docs/benchmarks.md come from this s
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import sys
 import time
 
 import jax
@@ -19,8 +21,11 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from models.stiff import van_der_pol_lattice  # noqa: E402
+# the stiff test problems live with the solver's tests
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
 from solver import solve  # noqa: E402
+from stiff_problems import van_der_pol_lattice  # noqa: E402
 
 T_END = 3.0
 

@@ -9,7 +9,7 @@ This script measures, per parameter and k, both step counts (``joint_solve`` wit
 CUDA thread's error norm) and what SEC off costs in accuracy: the error of ∂ln P_m/∂θ (z of the
 config's first save time, through the solve's states only — the table and initial-state paths do
 not depend on SEC) against a reference solve with SEC on at ``rtol / --ref-factor``, in units of
-that parameter's largest |∂ln P_m/∂θ| over the k given (the unit of issue 5's criteria).
+that parameter's largest |∂ln P_m/∂θ| over the k given (the unit of the gradient tests' bounds).
 
     python scripts/sensitivity_steps.py --config lcdm --k 0.1 1 3 10 --ref-factor 30 --out DIR
 

@@ -1,14 +1,26 @@
 """Embedded stiff ensemble solver: Rodas5P with compiled sparse linear algebra.
 
-``solve`` is the entry point; see docs/solver.md. This package knows nothing about cosmology.
+Layers, each importing only the ones before it: ``caches``; ``problem`` (inputs and their
+validation, statuses, ``Solution``); ``method`` (tableau, Rosenbrock step, controller);
+``linalg`` (sparsity, colouring, Jacobian plan, sparse LU, linear solver); ``backends`` (one
+interface; ``jax/`` and ``cuda/``); ``sensitivity`` (forward sensitivities through that
+interface); ``api`` (``solve``). ``cost`` estimates the work of a step. This package knows nothing
+about cosmology, and it computes in float64: enable ``jax_enable_x64`` before using it.
+See docs/solver.md.
 """
-import jax as _jax
+from .api import solve
+from .backends.availability import cuda_available, pick_backend
+from .backends.base import Backend
+from .backends.cuda import CudaBackend, CudaBackendUnavailable
+from .backends.jax import JaxBackend
+from .caches import Cache, clear_caches
+from .method.controller import PIDController
+from .method.tableau import RODAS5P, RosenbrockTableau
+from .problem.solution import Solution
+from .problem.status import Status, describe
+from .sensitivity import grad_by_forward_mode, joint_solve, solve_diff
 
-_jax.config.update("jax_enable_x64", True)
-
-from .api import Solution, solve  # noqa: E402
-from .controller import PIDController  # noqa: E402
-from .status import Status  # noqa: E402
-from .tableau import RODAS5P, RosenbrockTableau  # noqa: E402
-
-__all__ = ["solve", "Solution", "Status", "PIDController", "RODAS5P", "RosenbrockTableau"]
+__all__ = ["solve", "solve_diff", "joint_solve", "grad_by_forward_mode", "Solution", "Status",
+           "describe", "PIDController", "RODAS5P", "RosenbrockTableau", "Backend", "JaxBackend",
+           "CudaBackend", "CudaBackendUnavailable", "cuda_available", "pick_backend", "Cache",
+           "clear_caches"]

@@ -2,6 +2,9 @@
 import os
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
+# in-process CLI runs keep nothing between tests (and never read a user's cache): every test
+# compiles what it needs, so a persistent cache cannot hide a compile-time regression
+os.environ.setdefault("BOLTZMANN_CACHE", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -30,17 +33,11 @@ def _release_compiled_programs():
     """Drop compiled programs after every test module.
 
     The suite compiles hundreds of XLA CPU programs; kept alive by JAX's caches and by the
-    project's plan caches, their JIT-mapped code eventually exhausted the process (an abort in
-    XLA's compiler late in the full run, 2026-11-30). Each module starts from clean caches.
+    project's plan caches, their JIT-mapped code eventually exhausts the process (an abort in
+    XLA's compiler late in a full run). Each module starts from clean caches: every
+    ``solver.caches.Cache`` (the solver's and the boltzmann package's) and JAX's own.
     """
     yield
-    from boltzmann import perturbations, pipeline
-    from solver import api, cuda_backend, sensitivity
+    import solver
 
-    api._PLANS.clear()
-    cuda_backend._PLANS.clear()
-    sensitivity.clear_caches()
-    pipeline._TABLE_FNS.clear()
-    perturbations._model_for.cache_clear()
-    perturbations._initial_states_fn.cache_clear()
-    jax.clear_caches()
+    solver.clear_caches()

@@ -22,18 +22,22 @@ def bench():
     return mod
 
 
-def test_count_ops(bench):
-    c = bench.count_ops(lambda x, y: x * y + jnp.exp(x) - y ** 3 / 2.0, 1.0, 2.0)
+def test_count_ops():
+    from solver.cost import count_ops
+
+    c = count_ops(lambda x, y: x * y + jnp.exp(x) - y ** 3 / 2.0, 1.0, 2.0)
     # mul, add, sub, div + 2 multiplies for y**3; one exp
     assert c == {"arith": 6, "transcendental": 1}
-    v = bench.count_ops(lambda a, b: a @ b, jnp.ones((3, 4)), jnp.ones(4))
+    v = count_ops(lambda a, b: a @ b, jnp.ones((3, 4)), jnp.ones(4))
     assert v["arith"] == 2 * 3 * 4
 
 
-def test_work_estimate_lattice(bench):
-    from models.stiff import van_der_pol_lattice
+def test_work_estimate_lattice():
+    from solver.cost import work_estimate
+    from stiff_problems import van_der_pol_lattice
+
     prob = van_der_pol_lattice(4)
-    w = bench.work_estimate(prob.rhs, prob.n, 2, p=prob.params)
+    w = work_estimate(prob.rhs, prob.n, 2, p=prob.params)
     assert w["n"] == 8 and w["colours"] >= 2 and w["rhs_transcendental"] == 0
     assert w["flops_per_step"] == sum(w["per_step"].values()) > 7 * w["rhs_arith"]
 
@@ -69,7 +73,7 @@ def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
                     + (1e-6 if backend == "jax" else 0.0))
 
     monkeypatch.setattr(bench, "_grad_row", fake_row)
-    monkeypatch.setattr("boltzmann.pipeline.host_cpu", lambda: None)
+    monkeypatch.setattr("boltzmann.tables.host_cpu", lambda: None)
     args = bench.build_parser().parse_args(["--parts", "d", "--backends", "cuda,jax",
                                             "--grad-sec", "both", "--config", "lcdm_reduced"])
     args.backends = ["cuda", "jax"]
@@ -83,23 +87,18 @@ def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
     assert max(report.data["grad_agreement"].values()) == pytest.approx(1e-6, rel=1e-4)
 
 
-def test_launch_note_names_the_slowest_thread(bench, monkeypatch):
+def test_launch_note_names_the_slowest_thread(bench):
     """(d)'s note on the CUDA row: the slowest sensitivity thread's steps, and which k and
-    parameter it integrated (from solver.sensitivity.LAST_CUDA_LAUNCH)."""
+    parameter it integrated (from solver.joint_solve's per-thread info)."""
     import numpy as np
 
-    from solver import sensitivity
-
-    monkeypatch.setattr(sensitivity, "LAST_CUDA_LAUNCH", {})
-    assert bench._launch_note(["h", "omega_b"], np.array([0.1, 1.0])) is None
-    sensitivity.LAST_CUDA_LAUNCH.update(
-        primal={"kernel_seconds": 1.5, "threads": 2, "steps_max": 913, "steps_median": 500.0},
-        tangent={"kernel_seconds": 8.25, "threads": 4, "steps_max": 2300, "steps_median": 900.0,
-                 "slowest_trajectory": 1, "slowest_direction": 1})
-    note = bench._launch_note(["h", "omega_b"], np.array([0.1, 1.0]))
-    assert note["tangent"]["steps_max"] == 2300
-    assert note["text"] == ("primal: max 913 steps, kernel 1.50 s; tangent: max 2300 steps over "
-                            "4 threads, kernel 8.25 s, slowest k = 1/Mpc, omega_b")
+    assert bench.launch_note({}, ["h", "omega_b"], np.array([0.1, 1.0])) is None
+    info = {"thread_n_accepted": np.array([[500, 913], [900, 2300]]),   # (direction, k)
+            "launch": {"kernel_seconds": 8.25}}
+    note = bench.launch_note(info, ["h", "omega_b"], np.array([0.1, 1.0]))
+    assert note["steps_max"] == 2300 and note["threads"] == 4
+    assert note["text"] == ("tangent: max 2300 steps over 4 threads, kernel 8.25 s, "
+                            "slowest k = 1/Mpc, omega_b")
 
 
 def test_budget_skips_rows_with_reason(bench, tmp_path):

@@ -1,13 +1,15 @@
-"""The forward-sensitivity solve's structured linear algebra (solver.linear.build_block_triangular_solver,
-solver.jacobian.build_jacobian_plan(seed_columns=)): exact against dense numpy on random data."""
+"""The forward-sensitivity solve's structured linear algebra
+(solver.linalg.linear.build_block_triangular_solver,
+solver.linalg.jacobian.build_jacobian_plan(seed_columns=)): exact against dense numpy on random
+data."""
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
 
-from solver.jacobian import build_jacobian_plan
-from solver.linear import build_block_triangular_solver
+from solver.linalg.jacobian import build_jacobian_plan
+from solver.linalg.linear import build_block_triangular_solver
 
 
 def _random_case(n, m, seed, density=0.3):

@@ -1,9 +1,9 @@
-"""The command-line job (boltzmann.cli, scripts/transfer.py) on a fake pipeline.
+"""The command-line job (boltzmann.cli, scripts/transfer.py) on a fake perturbation stage.
 
-The fake pipeline returns CLASS's own transfer functions from tests/data (z = 0) and a rescaled
-copy as a second redshift, so expected numbers come from the reference data, not from constants.
+The fake run returns CLASS's own transfer functions from tests/data (z = 0) and a rescaled copy as
+a second redshift, and forms P(k) and σ8 from them with the real spectra stage, so expected
+numbers come from the reference data, not from constants.
 """
-import dataclasses
 import io
 import json
 import subprocess
@@ -16,22 +16,16 @@ import pytest
 import yaml
 
 from boltzmann import cli, output, plots, spectra
+from boltzmann.ensemble import Result, stack_cosmologies
+from boltzmann.params import CosmoParams
+from boltzmann.perturbations import Transfers
 from boltzmann.progress import ProgressReporter
+from boltzmann.tables import Tables
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[1]
 GROWTH_Z05 = 0.77  # arbitrary rescaling that makes the fake z = 0.5 block differ from z = 0
-
-
-@dataclasses.dataclass
-class FakeResult:
-    k: np.ndarray
-    z: list
-    transfers: dict
-    cosmology: dict
-    backend: str = "fake"
-    solver_stats: dict = dataclasses.field(default_factory=dict)
-    timings: dict = dataclasses.field(default_factory=dict)
+NAMES = ("d_g", "d_b", "d_cdm", "d_ur", "d_ncdm[0]", "d_m", "t_g", "t_b", "h_prime", "eta")
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +35,38 @@ def reference():
     return params, k, cols
 
 
-def _fake_run_factory(reference, k_max=None, solver_stats=None, calls=None):
+def _fake_run_factory(reference, k_max=None, failed=None, calls=None):
+    """A stand-in for pipeline.run: CLASS's transfers as stage 2, the real stage 3.
+
+    failed: {k index: status code} of modes to report as failed."""
     params, k, cols = reference
     common = params["class_input"]["common"]
     keep = np.ones(k.size, bool) if k_max is None else k <= k_max
-    z0 = {name: cols[name][keep] for name in ("d_g", "d_b", "d_cdm", "d_ur", "d_ncdm[0]", "d_m", "t_g", "t_b",
-                                               "h_prime", "eta")}
-    cosmology = dict(common, omega_m=params["derived"]["class_massive"]["omega_m"])
+    cosmo = CosmoParams.make(**{n: common[n] for n in ("h", "omega_b", "omega_cdm", "A_s", "n_s",
+                                                        "k_pivot", "tau_reio", "YHe", "T_cmb")},
+                             N_ur=2.0308, m_ncdm=[0.06])
+    z0 = {name: cols[name][keep] for name in NAMES}
+    # d_cb is formed by the spectra stage from d_cdm, d_b (CLASS's tk file has no d_cb column)
+    fields = {n: np.stack([v, GROWTH_Z05 * v])[None] for n, v in z0.items()}
 
-    def run(config, *, backend="auto", progress=None):
+    def run(config, *, backend="auto", progress=None, gradients=False):
         if calls is not None:
-            calls.append((config, backend))
+            calls.append((config, backend, gradients))
         for done in range(0, 5):
             progress("perturbations", done, 4)
-        return FakeResult(k=k[keep], z=[0.0, 0.5], transfers={0.0: z0, 0.5: {n: GROWTH_Z05 * v for n, v in z0.items()}},
-                          cosmology=cosmology, solver_stats=dict(solver_stats or {"n_modes": int(keep.sum())}),
-                          timings={"background": 0.01, "perturbations": 0.5})
+        K = int(keep.sum())
+        status = np.zeros((1, K), int)
+        for i, code in (failed or {}).items():
+            status[0, i] = code
+        transfers = Transfers(k=k[keep][None], z=(0.0, 0.5), k_h=None, fields=fields,
+                              status=status, n_accepted=np.ones((1, K), int),
+                              n_rejected=np.zeros((1, K), int), backend="fake")
+        tables = Tables(grid=None, model_table=np.zeros((1, 1, 2, 2)),
+                        derived={"z_reio": np.array([7.7])}, device="cpu")
+        stacked = stack_cosmologies([cosmo])
+        return Result(cosmologies=[cosmo], tables=tables, transfers=transfers,
+                      spectra=spectra.compute_spectra(transfers, stacked),
+                      timings={"tables": 0.01, "perturbations": 0.5, "spectra": 0.1})
     return run
 
 
@@ -87,7 +97,7 @@ def test_cli_writes_the_three_files_with_exact_headers(reference, config_file, t
     code, out, err = _main(["--config", config_file, "--out", out_dir, "--no-plot", "--backend", "jax"],
                            _fake_run_factory(reference, calls=calls))
     assert code == 0, err
-    assert calls[0][1] == "jax"
+    assert calls[0][1] == "jax" and calls[0][2] is False
     assert _header(out_dir / "pk.csv") == "# k_1/Mpc,P_m_z0_Mpc3,P_m_z0.5_Mpc3,P_cb_z0_Mpc3,P_cb_z0.5_Mpc3"
     tk_header = _header(out_dir / "tk.csv")[2:].split(",")
     assert tk_header[:2] == ["k_1/Mpc", "d_g_z0"] and "d_ncdm[0]_z0.5" in tk_header and "eta_z0.5" in tk_header
@@ -107,7 +117,8 @@ def test_cli_writes_the_three_files_with_exact_headers(reference, config_file, t
     assert summary["sigma8_cb"]["0"] == pytest.approx(derived["sigma8_cb"], rel=1e-4)
     assert summary["sigma8"]["0.5"] == pytest.approx(GROWTH_Z05 * summary["sigma8"]["0"], rel=1e-10)
     assert summary["backend"] == "fake" and summary["parameters"]["h"] == common["h"]
-    assert {"background", "perturbations", "spectra", "write"} <= set(summary["timings_s"])
+    assert {"tables", "perturbations", "spectra", "write"} <= set(summary["timings_s"])
+    assert summary["derived"] == {"z_reio": 7.7}
     assert "perturbations: 4/4" in err and "timings:" in err
     assert "sigma8 =" in out
 
@@ -173,36 +184,42 @@ def test_bad_config_names_the_key(tmp_path, reference):
     assert "omega_bb" in err and "Traceback" not in err and err.count("\n") == 1
 
 
-def test_gradients_not_yet_available(reference, config_file):
-    code, _, err = _main(["--config", config_file, "--gradients"], _fake_run_factory(reference))
-    assert code == 2 and "not yet available" in err
-
-
-def test_gradients_passed_on_when_supported(reference, config_file, tmp_path):
+def test_gradients_and_backend_passed_on(reference, config_file, tmp_path):
     base = _fake_run_factory(reference)
     seen = {}
+    names = ["h", "n_s"]
 
     def run(config, *, backend="auto", progress=None, gradients=False):
-        seen["gradients"] = gradients
+        seen.update(gradients=gradients, backend=backend)
         result = base(config, backend=backend, progress=progress)
-        result.gradients = {"sigma8": {"A_s": 1.0}}
+        K = result.k.shape[1]
+        result.gradients = {"parameters": names, "dlnP_m": np.ones((2, K, 2)),
+                            "dlnP_cb": np.zeros((2, K, 2)), "summary": {"sigma8": {"A_s": 1.0}}}
         return result
 
-    code, _, err = _main(["--config", config_file, "--gradients", "--quiet", "--no-plot", "--out", tmp_path / "g"], run)
+    code, _, err = _main(["--config", config_file, "--gradients", "--quiet", "--no-plot",
+                          "--backend", "jax", "--out", tmp_path / "g"], run)
     assert code == 0, err
-    assert seen["gradients"] is True
+    assert seen == {"gradients": True, "backend": "jax"}
     assert json.loads((tmp_path / "g" / "summary.json").read_text())["gradients"] == {"sigma8": {"A_s": 1.0}}
+    assert _header(tmp_path / "g" / "dpk.csv").startswith("# k_1/Mpc,")
 
 
 def test_failed_modes_are_named(reference, config_file):
-    stats = {"failed_k": [0.123, 0.456], "failure_reasons": ["max_steps"]}
-    code, _, err = _main(["--config", config_file, "--quiet"], _fake_run_factory(reference, solver_stats=stats))
+    from solver import Status, describe
+
+    _, k, _ = reference
+    code, _, err = _main(["--config", config_file, "--quiet"],
+                         _fake_run_factory(reference, failed={3: int(Status.MAX_STEPS),
+                                                              7: int(Status.MAX_STEPS)}))
     assert code == 1
-    assert "2 of" in err and "0.123" in err and "0.456" in err and "max_steps" in err and err.count("\n") == 1
+    reason = describe(int(Status.MAX_STEPS))
+    assert "2 of" in err and f"{k[3]:.4g}" in err and f"{k[7]:.4g}" in err and reason in err
+    assert err.count("\n") == 1
 
 
 def test_pipeline_exception_is_one_line_unless_debug(reference, config_file):
-    def run(config, *, backend="auto", progress=None):
+    def run(config, *, backend="auto", progress=None, gradients=False):
         raise RuntimeError("thermodynamics did not converge\nat z = 1100")
 
     code, _, err = _main(["--config", config_file], run)

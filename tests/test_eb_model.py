@@ -3,7 +3,8 @@
 Tables are built here from the CLASS reference background/thermodynamics files (tests/data), the
 generated RHS is integrated with scipy's Radau (jitted JAX RHS and Jacobian), and the z = 0
 transfer functions are compared with CLASS's synchronous-gauge 'class'-format output.
-Photon/neutrino multipoles are excluded from error control (huge atol), as DESIGN §3 plans.
+Photon/neutrino multipoles are excluded from error control (huge atol): after decoupling
+they oscillate while their weight in the metric decays (docs/perturbations.md).
 """
 import math
 import re
@@ -18,8 +19,8 @@ from scipy.special import roots_genlaguerre
 
 from models.eb import TABLE_COLUMNS, NcdmQuadrature, build_eb_model, rhs_source_only
 from models.initial_conditions import adiabatic_initial_conditions, initial_time
-from models.tables import (JAX_TABLE_OPS, PY_TABLE_OPS, hermite, interpolate, pack_table,
-                           uniform_grid)
+from models.hermite import hermite
+from models.tables import JAX_TABLE_OPS, PY_TABLE_OPS, interpolate, pack_table, uniform_grid
 
 DATA = "tests/data/"
 X_MIN, N_GRID = math.log(1e-10), 4601          # dx = 0.005 in ln a

@@ -172,12 +172,11 @@ def test_jacobian_matches_class_finite_differences(exact):
 
 
 def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
-    """``sensitivity_error_control`` and ``backend`` are handed to solve_diff (the first was
-    documented but dropped until 2026-11-30)."""
+    """``sensitivity_error_control`` and ``backend`` are handed to solve_diff."""
     import jax
     import jax.numpy as jnp
 
-    import boltzmann.gradients as g
+    import boltzmann.perturbations as stage
 
     seen = {}
 
@@ -185,7 +184,7 @@ def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
         seen.update(kw)
         return jnp.zeros((y0.shape[0], len(t_save), y0.shape[1]))
 
-    monkeypatch.setattr(g, "solve_diff", fake_solve_diff)
+    monkeypatch.setattr(stage, "solve_diff", fake_solve_diff)
     fn = PowerSpectrumFunction(_config(1e-5), parameters=("h",), n_chunks=1, with_sigma8=False,
                                sensitivity_error_control=False, backend="jax")
     jax.eval_shape(fn._evaluate, fn.theta0)  # a trace reaches solve_diff; nothing runs
@@ -200,7 +199,7 @@ def test_sensitivity_problem_reproduces_the_jacobian(exact):
     the solve tolerance (the m = 10 joint solve takes other steps)."""
     import importlib.util
 
-    from solver.sensitivity import joint_solve
+    from solver import joint_solve
 
     spec = importlib.util.spec_from_file_location(
         "sensitivity_steps", Path(__file__).resolve().parents[1] / "scripts" / "sensitivity_steps.py")
@@ -232,7 +231,8 @@ def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
     import jax
     import jax.numpy as jnp
 
-    from boltzmann import perturbations as pt
+    from boltzmann import modes
+    from boltzmann.gradients import _one
 
     fn = PowerSpectrumFunction(_config(1e-5), parameters=("w0_fld",), k=np.array([0.1]),
                                n_chunks=1, with_sigma8=False)
@@ -241,9 +241,11 @@ def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
                                                                          "theta_de_"))]
     other = [i for i in range(model.n) if i not in fluid]
     assert len(fluid) == 4
-    w = pt.error_weights(model)
+    w = modes.error_weights(model)
     assert np.all(w[fluid] == 0.0) and np.count_nonzero(w[other]) > 0
-    _, table, rows, y0 = fn._solve_inputs(fn.theta0)
+    cosmo, table = fn._solve_inputs(fn.theta0)
+    rows = modes.mode_rows(model, cosmo, fn.k[None], fn.grid)
+    y0 = modes.initial_states_at(model, rows, fn.x0)
     y = y0[0] * (1.0 + 0.1 * np.random.default_rng(0).standard_normal(model.n))
     x = float(fn.x0[0]) + 3.0
 
@@ -253,7 +255,7 @@ def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
 
     c0 = np.asarray(coupling(rows[0]))
     assert np.all(c0 == 0.0)
-    drows = jax.jacfwd(lambda th: pt.mode_param_rows(model, fn.cosmology(th), fn.k,
-                                                     fn.grid))(fn.theta0)[0, :, 0]
+    drows = jax.jacfwd(lambda th: modes.mode_rows(model, _one(fn.cosmology(th)), fn.k[None],
+                                                  fn.grid))(fn.theta0)[0, :, 0]
     _, dc = jax.jvp(coupling, (rows[0],), (drows,))
     assert np.abs(np.asarray(dc)).max() > 0.0

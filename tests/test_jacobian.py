@@ -1,12 +1,12 @@
-"""Compressed jvp Jacobians decompressed into linear-solver slots (solver.jacobian)."""
+"""Compressed jvp Jacobians decompressed into linear-solver slots (solver.linalg.jacobian)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from solver.jacobian import assemble_w, build_jacobian_plan
-from solver.linear import build_linear_solver
-from solver.sparsity import detect_sparsity
+from solver.linalg.jacobian import assemble_w, build_jacobian_plan
+from solver.linalg.linear import build_linear_solver
+from solver.linalg.sparsity import detect_sparsity
 
 
 def robertson(y, t, p):

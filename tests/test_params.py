@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from boltzmann import ncdm
-from boltzmann.params import (COSMOLOGY_TABLE, OUTPUT_TABLE, PRECISION_TABLE, ConfigError,
-                              CosmoParams, PrecisionSpec, load_config)
+from boltzmann.params import ConfigError, CosmoParams, PrecisionSpec, load_config
+from boltzmann.schema import COSMOLOGY_TABLE, OUTPUT_TABLE, PRECISION_TABLE
 
 DATA = Path(__file__).parent / "data"
 REPO = Path(__file__).resolve().parents[1]

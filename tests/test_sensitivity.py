@@ -1,13 +1,11 @@
-"""Exact gradients through the solve by forward sensitivities (solver.sensitivity, DESIGN §8)."""
+"""Exact gradients through the solve by forward sensitivities (solver.sensitivity)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models.stiff import ROBERTSON
-from solver import solve
-from solver import sensitivity as sens
-from solver.sensitivity import COUNTERS, joint_solve, solve_diff
+from solver import JaxBackend, grad_by_forward_mode, joint_solve, solve, solve_diff
+from stiff_problems import ROBERTSON
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 
@@ -133,7 +131,7 @@ def test_args_tangents_jacfwd_grad_vmap():
     loss = lambda th: jnp.sum(_pipeline(th)[:, -1] ** 2)  # noqa: E731
     g = jax.grad(loss)(th)
     np.testing.assert_allclose(g, jax.jacfwd(loss)(th), rtol=1e-8)
-    gfm = jax.grad(sens.grad_by_forward_mode(loss))(th)
+    gfm = jax.grad(grad_by_forward_mode(loss))(th)
     np.testing.assert_allclose(gfm, g, rtol=1e-8)
     # vmap over primals (batched residuals: one joint solve per batch element)
     ths = jnp.stack([th, 1.1 * th])
@@ -165,23 +163,21 @@ def test_plain_call_does_not_run_joint_system():
         return (-p[0] * y[0] * y[1], p[0] * y[0] * y[1] - y[1])
 
     y0, p = jnp.array([[1.0, 0.1]]), jnp.array([[2.0]])
-    before = dict(COUNTERS)
-    ys = solve_diff(rhs, y0, TS, p)
-    ys_jit = jax.jit(lambda y, q: solve_diff(rhs, y, TS, q))(y0, p)
-    assert COUNTERS["joint_traces"] == before["joint_traces"]
-    assert COUNTERS["plans"] == before["plans"]
+    backend = JaxBackend()   # its own counters
+    ys = solve_diff(rhs, y0, TS, p, backend=backend)
+    ys_jit = jax.jit(lambda y, q: solve_diff(rhs, y, TS, q, backend=backend))(y0, p)
+    assert backend.stats["joint_traces"] == 0 and backend.stats["joint_plans"] == 0
     np.testing.assert_array_equal(ys, solve(rhs, y0, TS, p).ys)
     np.testing.assert_array_equal(ys_jit, ys)
-    jaxpr = str(jax.make_jaxpr(lambda y, q: solve_diff(rhs, y, TS, q))(y0, p))
+    jaxpr = str(jax.make_jaxpr(lambda y, q: solve_diff(rhs, y, TS, q, backend=backend))(y0, p))
     assert "sensitivity_tangent" not in jaxpr
     # ... while a derivative does
-    jax.jvp(lambda q: solve_diff(rhs, y0, TS, q), (p,), (jnp.ones_like(p),))
-    assert COUNTERS["joint_traces"] > before["joint_traces"]
+    jax.jvp(lambda q: solve_diff(rhs, y0, TS, q, backend=backend), (p,), (jnp.ones_like(p),))
+    assert backend.stats["joint_traces"] > 0 and backend.stats["joint_plans"] == 1
 
 
 def test_errors_are_clear():
-    from solver.backends import cuda_available
-    from solver.cuda_backend import CudaBackendUnavailable
+    from solver import CudaBackendUnavailable, cuda_available
 
     with pytest.raises(ValueError, match="backend"):
         solve_diff(forced_rhs, [[1.0]], TS, [[1.0, 1.0]], backend="gpu")

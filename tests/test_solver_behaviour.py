@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from models.stiff import ROBERTSON
+from stiff_problems import ROBERTSON
 from solver import PIDController, Status, solve
-from solver.tableau import RODAS5P
+from solver import RODAS5P
 
 
 def _oscillator(y, t, p):
@@ -116,3 +116,42 @@ def test_bad_input_raises_clear_error(kwargs, match):
     opts = {k: v for k, v in kwargs.items() if k not in args}
     with pytest.raises(ValueError, match=match):
         solve(ROBERTSON.rhs, args["y0"], args["t_save"], args["params"], **opts)
+
+
+def test_float64_is_required_not_imposed():
+    """Importing solver leaves JAX's configuration alone; solving with 64-bit mode off is an
+    error that names the fix (conftest.py turns it on for the suite)."""
+    import jax
+
+    from solver import joint_solve, solve_diff
+
+    jax.config.update("jax_enable_x64", False)
+    try:
+        for fn in (solve, solve_diff):
+            with pytest.raises(RuntimeError, match="jax_enable_x64"):
+                fn(ROBERTSON.rhs, ROBERTSON.y0[None], [0.0, 1.0], ROBERTSON.params[None])
+        with pytest.raises(RuntimeError, match="jax_enable_x64"):
+            joint_solve(ROBERTSON.rhs, ROBERTSON.y0[None], [0.0, 1.0], ROBERTSON.params[None],
+                        dy0=np.ones((1, 1, 3)))
+    finally:
+        jax.config.update("jax_enable_x64", True)
+
+
+def test_caches_are_bounded_and_cleared_in_one_place():
+    from solver import Cache, clear_caches
+    from solver.caches import registered_caches
+
+    cache = Cache("test.lru", maxsize=2)
+    builds = []
+    for key in ("a", "b", "a", "c"):                    # "b" is the least recently used
+        cache.get_or_build(key, lambda key=key: builds.append(key) or key.upper())
+    assert builds == ["a", "b", "c"] and "b" not in cache and len(cache) == 2
+    assert cache.get("a") == "A" and cache.get("b", "-") == "-"
+    assert cache in registered_caches()
+    solve(ROBERTSON.rhs, ROBERTSON.y0[None], [0.0, 1.0], ROBERTSON.params[None])
+    plans = [c for c in registered_caches() if c.name == "jax.plans"]
+    assert plans and len(plans[0]) > 0
+    clear_caches(jax_caches=False)
+    assert len(cache) == 0 and len(plans[0]) == 0
+    with pytest.raises(ValueError, match="maxsize"):
+        Cache("test.bad", maxsize=0)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from models.stiff import HIRES, ROBERTSON, VAN_DER_POL, van_der_pol_lattice
+from stiff_problems import HIRES, ROBERTSON, VAN_DER_POL, van_der_pol_lattice
 from solver import solve
-from solver.status import Status
+from solver import Status
 
 RTOLS = [1e-4, 1e-6, 1e-8]
 

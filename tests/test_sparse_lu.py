@@ -1,4 +1,4 @@
-"""Compiled sparse LU: AMD ordering, exact fill, generated code, JAX solves (solver.sparse_lu/linear)."""
+"""Compiled sparse LU: AMD ordering, exact fill, generated code, JAX solves (solver.linalg.sparse_lu / linear)."""
 import traceback
 
 import jax
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from solver.codegen import compile_functions
-from solver.linear import build_linear_solver
-from solver.sparse_lu import amd_order, generate_lu_source, symbolic_lu
+from solver.linalg.codegen import compile_functions
+from solver.linalg.linear import build_linear_solver
+from solver.linalg.sparse_lu import amd_order, generate_lu_source, symbolic_lu
 
 
 def eb_like_pattern(core=12, tails=(8, 10, 12, 13, 15)):

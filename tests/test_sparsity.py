@@ -1,10 +1,10 @@
-"""Structural sparsity detection by jaxpr dependency tracing (solver.sparsity)."""
+"""Structural sparsity detection by jaxpr dependency tracing (solver.linalg.sparsity)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from solver.sparsity import detect_dependence, detect_sparsity, detect_time_dependence, validate_pattern
+from solver.linalg.sparsity import detect_dependence, detect_sparsity, detect_time_dependence, validate_pattern
 
 
 def robertson(y, t, p):

@@ -1,0 +1,196 @@
+"""The perturbation model of a cosmology and the inputs of each Fourier mode.
+
+Everything the perturbation stage needs besides the tables: which generated model a cosmology's
+species content calls for (``model_for``), the ln a grid the tables live on (``make_grid``), one
+parameter row per mode (``mode_rows``), the adiabatic initial state of each mode
+(``initial_states``, ``initial_states_at``) and the error-control weights (``error_weights``).
+Time variable x = ln a (models/eb.py).
+
+Error control: photon, massless-neutrino and massive-neutrino multipoles are excluded from
+step-size control (weight 0); only the metric, CDM and baryons (and a dark-energy fluid) steer the
+step size. At late times the hierarchies oscillate ~k/ℋ times per e-fold while carrying no weight
+in the metric; the L-stable Rodas5P damps the unresolved part instead of resolving it. Matter and
+metric results are unchanged by this to ~1e-6 (docs/perturbations.md), and it removes the
+late-time growth of the step count at high k. Transfer functions of the radiation itself (d_g,
+d_ur, ...) at late times are therefore not accurate — CLASS's radiation-streaming approximation
+makes the same trade — and only matter/metric outputs are claimed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.eb import NcdmQuadrature, build_eb_model
+from models.initial_conditions import (adiabatic_initial_conditions, initial_time,
+                                       radiation_matter)
+from solver.caches import Cache
+
+from . import background as bg
+from . import constants as const
+from . import ncdm as ncdm_mod
+
+__all__ = ["Grid", "make_grid", "model_for", "mode_rows", "initial_states", "initial_states_at",
+           "error_weights", "UNCONTROLLED", "save_times", "check_start_times"]
+
+#: extra e-folds the tables extend beyond a = 1 (Hermite cells need both end nodes)
+X_MAX = 0.02
+
+#: generated models by structure: the same function object comes back for every cosmology of one
+#: structure, so the solver's compiled plans (keyed by the RHS) are reused across runs
+_MODELS = Cache("boltzmann.models", maxsize=16)
+#: jitted initial-state programs per (model, start-time criteria)
+_INITIAL_STATE_FNS = Cache("boltzmann.initial_states", maxsize=16)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The uniform ln a grid every table is sampled on: nodes x_min + dx·i, i < n."""
+
+    x_min: float
+    dx: float
+    n: int
+
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.x_min + self.dx * np.arange(self.n)
+
+
+def make_grid(precision) -> Grid:
+    """The table grid of a precision: ``bg_n_lna`` nodes from ln ``bg_a_min`` to X_MAX."""
+    x_min = math.log(precision.bg_a_min)
+    n = int(precision.bg_n_lna)
+    return Grid(x_min, (X_MAX - x_min) / (n - 1), n)
+
+
+def model_for(cosmo, precision, *, de_at_lambda: bool = False):
+    """The generated RHS for this cosmology's species content and the precision's ℓmax/n_q.
+
+    ``de_at_lambda``: the dark-energy fluid linearised about Λ, for w0/wa derivatives of a Λ
+    cosmology (boltzmann.gradients).
+    """
+    key = (int(cosmo.n_ncdm), bool(cosmo.use_fld) and not de_at_lambda, int(precision.l_max_g),
+           int(precision.l_max_pol_g), int(precision.l_max_ur), int(precision.l_max_ncdm),
+           int(precision.n_q_ncdm), bool(de_at_lambda))
+    return _MODELS.get_or_build(key, lambda: _build_model(*key))
+
+
+def _build_model(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q, de_at_lambda):
+    species = []
+    for _ in range(n_ncdm):
+        q, w, dlnf = ncdm_mod.perturbation_quadrature(n_q)
+        species.append(NcdmQuadrature(tuple(map(float, q)), tuple(map(float, w)),
+                                      tuple(map(float, dlnf))))
+    return build_eb_model(l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur,
+                          ncdm=tuple(species), l_max_ncdm=l_max_ncdm, de_fluid=use_fld,
+                          de_at_lambda=de_at_lambda)
+
+
+def _rows_one(model, cosmo, n_k: int, grid: Grid):
+    """(n_k, P) parameter rows of one cosmology with k = 1 and cosmo_row = 0 (filled by the
+    caller); traceable in the cosmological parameters."""
+    rho = bg.rho_tilde(cosmo, jnp.asarray(1.0))
+    values = dict(cosmo_row=0.0, k=1.0, table_x_min=grid.x_min, table_dx=grid.dx,
+                  rho_g0=rho["g"], rho_b0=rho["b"], rho_cdm0=rho["cdm"], rho_ur0=rho["ur"])
+    for s, quad in enumerate(model.ncdm):
+        m_over_t = jnp.asarray(cosmo.m_ncdm)[s] / (const.K_B_EV_PER_K * cosmo.T_ncdm0_K[s])
+        eps_sum = jnp.sum(jnp.asarray(quad.weights) * jnp.sqrt(jnp.asarray(quad.q) ** 2
+                                                              + m_over_t ** 2))
+        values[f"ncdm_norm_{s}"] = rho["ncdm"][s] / eps_sum
+        values[f"ncdm_m_over_T_{s}"] = m_over_t
+    if model.de_fluid or model.de_at_lambda:
+        values.update(rho_de0=rho["fld"], w0=cosmo.w0_fld, wa=cosmo.wa_fld, cs2_de=1.0)
+    missing = [n for n in model.param_names if n not in values]
+    if missing:
+        raise ValueError(f"mode_rows: no value for model parameter(s) {missing}")
+    row = jnp.stack([jnp.asarray(values[name], jnp.float64) for name in model.param_names])
+    return jnp.broadcast_to(row, (n_k, row.size))
+
+
+def mode_rows(model, cosmos, k, grid: Grid):
+    """Parameter rows (C·K, P) of every (cosmology, k), cosmology-major, as a JAX array.
+
+    ``cosmos``: a CosmoParams whose leaves carry a leading axis of C cosmologies
+    (``boltzmann.ensemble.stack_cosmologies``); ``k``: (C, K) wavenumbers [1/Mpc], concrete.
+    Row ``c·K + i`` holds mode k[c, i] of cosmology c, whose ``cosmo_row`` column points at table
+    row c. Traceable in the cosmological parameters (the densities, ncdm normalisations and
+    fluid parameters enter by differentiable operations).
+    """
+    k = np.asarray(k, np.float64)
+    C, K = k.shape
+    rows = jax.vmap(lambda c: _rows_one(model, c, K, grid))(cosmos).reshape(C * K, -1)
+    rows = rows.at[:, model.param_index("k")].set(jnp.asarray(k.reshape(-1)))
+    return rows.at[:, model.param_index("cosmo_row")].set(
+        jnp.asarray(np.repeat(np.arange(C, dtype=np.float64), K)))
+
+
+def initial_states(model, rows, k_tau_ini: float, omega_tau_ini: float):
+    """(x_ini (N,), y0 (N, n)) of the adiabatic growing mode for every parameter row, with the
+    start time chosen by the k τ and ω τ criteria of the precision settings."""
+    key = (id(model), float(k_tau_ini), float(omega_tau_ini))
+
+    def build():
+        def one(p):
+            tau, a = initial_time(model, p, ktau_max=k_tau_ini, omtau_max=omega_tau_ini)
+            return jnp.log(a), adiabatic_initial_conditions(model, p, tau, a)
+        return model, jax.jit(jax.vmap(one))
+
+    _, fn = _INITIAL_STATE_FNS.get_or_build(key, build)
+    x0, y0 = fn(jnp.asarray(rows))
+    return np.asarray(x0), np.asarray(y0)
+
+
+def initial_states_at(model, rows, x0):
+    """y0 (N, n) of the adiabatic growing mode at given start times x0 = ln a (N,), traceable.
+
+    For derivatives: the start time is a numerical choice (the solution at later times does not
+    depend on it beyond the series' truncation error), so it is held fixed while the parameters
+    move, and the conformal time follows from a = sqrt(rho_r0) tau + rho_m0 tau^2 / 4, inverted in
+    the cancellation-free form tau = 2 a / (sqrt(rho_r0) + sqrt(rho_r0 + rho_m0 a)).
+    """
+    def one(p, x):
+        rho_r0, rho_m0 = radiation_matter(model, p)
+        a = jnp.exp(x)
+        tau = 2.0 * a / (jnp.sqrt(rho_r0) + jnp.sqrt(rho_r0 + rho_m0 * a))
+        return adiabatic_initial_conditions(model, p, tau, a)
+    return jax.vmap(one)(jnp.asarray(rows), jnp.asarray(x0))
+
+
+def save_times(zs) -> tuple[np.ndarray, list[int]]:
+    """(x_save ascending, column of each requested z in x_save): the solver needs ascending save
+    times, the results are reported in the order the redshifts were asked for."""
+    x_save = np.sort(-np.log1p(np.asarray(zs, np.float64)))
+    z_of_col = np.expm1(-x_save)
+    return x_save, [int(np.argmin(np.abs(z_of_col - z))) for z in zs]
+
+
+def check_start_times(x0, grid: Grid, x_save, precision) -> None:
+    """Raise ValueError when a mode would start before the tables or after a save time."""
+    x0 = np.asarray(x0)
+    if np.any(x0 < grid.x_min):
+        raise ValueError(f"precision.bg_a_min = {precision.bg_a_min:g} is above the initial scale "
+                         f"factor of the largest k ({np.exp(x0.min()):.3g}); lower it")
+    if np.any(x0[:, None] > np.asarray(x_save)[None, :]):
+        raise ValueError("a requested redshift lies before the perturbations start; "
+                         f"max z allowed here is {np.expm1(-x0.max()):.3g}")
+
+
+#: state-name prefixes left out of step-size control: every free-streaming hierarchy, and the
+#: dark-energy fluid linearised about Λ (``de_at_lambda``: delta_de_A, theta_de_A, delta_de_B,
+#: theta_de_B), which enters the Einstein equations only through factors 1 + w0 - wa and
+#: wa (2 - a) that vanish at Λ: the states do not depend on it, only their w0/wa sensitivities
+#: do, and resolving its c_s² = 1 sound waves multiplies the steps at high k (docs/gradients.md).
+UNCONTROLLED = ("F_g_", "G_g_", "F_ur_", "Psi_", "delta_de_", "theta_de_")
+
+
+def error_weights(model) -> np.ndarray:
+    """1 for the metric/matter/fluid variables, 0 for the hierarchies and the Λ-linearised fluid
+    (module docstring and UNCONTROLLED)."""
+    w = np.ones(model.n)
+    for i, name in enumerate(model.state_names):
+        if name.startswith(UNCONTROLLED):
+            w[i] = 0.0
+    return w

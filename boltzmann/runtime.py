@@ -1,0 +1,118 @@
+"""Process-wide settings, applied once by the entry points (the CLI, the scripts, the public API).
+
+Two things are global to a JAX process and so cannot be left to each stage: float64 (every stage
+computes in double precision; JAX defaults to single) and JAX's persistent compilation cache,
+which keeps the compiled XLA programs (tables, initial conditions, the JAX-backend solve,
+observables, the Jacobian programs) between processes so that a second run does not compile
+again. The CUDA backend keeps its compiled kernels and FFI handler under the same cache root
+(``solver.CudaBackend(cache_root=...)``).
+
+Environment variables are read here and only here (``Settings.from_environment``), by the entry
+points; the library itself takes arguments.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import jax
+
+__all__ = ["Settings", "configure", "require_float64", "default_cache_root", "clear_cache",
+           "backend_for"]
+
+#: folder names under the cache root
+XLA_DIR = "xla"
+CUDA_DIR = "cuda"
+
+
+def default_cache_root(environ: Mapping[str, str] = os.environ) -> Path:
+    """``$BOLTZMANN_CACHE_DIR``, else ``$XDG_CACHE_HOME/boltzmann-gpu``, else
+    ``~/.cache/boltzmann-gpu``."""
+    if environ.get("BOLTZMANN_CACHE_DIR"):
+        return Path(environ["BOLTZMANN_CACHE_DIR"]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(base).expanduser() / "boltzmann-gpu"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What an entry point configures.
+
+    cache_root: the persistent cache's folder, or None for no persistent cache;
+    cuda_launch: the CUDA backend's launch ("auto", "ffi", "numba"; solver.CudaBackend);
+    ffi_library: a prebuilt FFI handler library for the CUDA backend, or None to build one;
+    cxx: the C++ compiler that builds the handler.
+    """
+
+    cache_root: Path | None = None
+    cuda_launch: str = "auto"
+    ffi_library: Path | None = None
+    cxx: str = "g++"
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ, *,
+                         cache_root: Path | str | None = None, no_cache: bool = False):
+        """Settings from the environment: BOLTZMANN_CACHE_DIR / XDG_CACHE_HOME (cache root;
+        BOLTZMANN_CACHE=0 turns the cache off), BOLTZMANN_CUDA_LAUNCH, BOLTZMANN_FFI_LIB, CXX.
+        Explicit arguments (the CLI's options) take precedence."""
+        off = environ.get("BOLTZMANN_CACHE", "1").strip().lower() in ("0", "off", "false", "no")
+        if no_cache or (off and cache_root is None):
+            root = None
+        else:
+            root = Path(cache_root).expanduser() if cache_root else default_cache_root(environ)
+        lib = environ.get("BOLTZMANN_FFI_LIB")
+        return cls(cache_root=root, cuda_launch=environ.get("BOLTZMANN_CUDA_LAUNCH", "auto"),
+                   ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++")
+
+
+def configure(settings: Settings = Settings()) -> None:
+    """float64 on, and JAX's persistent compilation cache under ``settings.cache_root``.
+
+    Every compiled program is cached, however quick its compile: a run compiles a few large
+    programs and many small ones, and the small ones add up to most of a second run's wait.
+    """
+    jax.config.update("jax_enable_x64", True)
+    if settings.cache_root is None:
+        return
+    xla = settings.cache_root / XLA_DIR
+    xla.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(xla))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def require_float64() -> None:
+    """Raise a clear error when JAX computes in single precision."""
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError(
+            "boltzmann computes in float64: call jax.config.update('jax_enable_x64', True) (or "
+            "boltzmann.runtime.configure()) before the first computation")
+
+
+def clear_cache(settings: Settings) -> list[Path]:
+    """Delete the persistent cache's folders; returns what was removed."""
+    removed = []
+    if settings.cache_root is not None:
+        for name in (XLA_DIR, CUDA_DIR):
+            path = settings.cache_root / name
+            if path.exists():
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
+def backend_for(name: str, settings: Settings = Settings()):
+    """The solver backend for "jax", "cuda" or "auto" with the settings' CUDA options: "jax", or
+    a ``solver.CudaBackend`` keeping its kernels under the cache root."""
+    from solver import CudaBackend, pick_backend
+
+    if name == "auto":
+        name = pick_backend()
+    if name != "cuda":
+        return name
+    root = None if settings.cache_root is None else settings.cache_root / CUDA_DIR
+    return CudaBackend(launch=settings.cuda_launch, cache_root=root,
+                       ffi_library=settings.ffi_library, cxx=settings.cxx)

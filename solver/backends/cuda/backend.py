@@ -1,0 +1,197 @@
+"""The CUDA backend: one trajectory per GPU thread, the kernel generated from the shared tableau,
+controller and compiled sparse LU, Jacobians by numba-enzyme-cuda.
+
+How a solve reaches the GPU is the backend's ``launch``:
+
+* ``"auto"`` (default): the XLA FFI launch (``launch_ffi``), or numba-cuda-mlir's own launch
+  with a warning when the FFI handler cannot be built (for example without g++);
+* ``"ffi"``: the XLA FFI launch, or a clear error;
+* ``"numba"``: numba-cuda-mlir's launch on device arrays (``launch_numba``);
+* ``"emulated"``: the generated kernel text on the CPU (``emulation``; tests, no GPU needed).
+
+Both GPU launches run the same cubin. ``solve_diff``'s value and tangent run as host callbacks
+(``jax.pure_callback``: a numba launch, or the emulator, on copies of the operands), so they work
+eagerly, under ``jit`` and under ``vmap`` (sequentially).
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..base import Backend
+from .emulation import emulate_plain, sensitivity_emulated
+from .ffi_library import FfiBuildError, FfiLibrary
+from .inputs import kernel_inputs, prepare
+from .kernel_cache import KernelCache
+from .launch_ffi import FfiLauncher
+from .launch_numba import solve_numba, solve_sensitivities
+from .modules import scratch_dir
+from .tables import check_args_structure, table_split_of
+from .toolchain import cuda_modules
+
+__all__ = ["CudaBackend", "LAUNCH_MODES"]
+
+LAUNCH_MODES = ("auto", "ffi", "numba", "emulated")
+_LINEAR_SOLVERS = ("auto", "dense", "sparse")
+
+
+class CudaBackend(Backend):
+    """``backend="cuda"``, or an instance with its own settings.
+
+    launch: "auto", "ffi", "numba" or "emulated" (module docstring).
+    cache_root: a directory for files worth keeping between processes: the on-disk kernel cache
+        (``<cache_root>/cubin``: a later process loads the compiled cubin instead of compiling
+        for minutes), the built FFI handler (``<cache_root>/ffi``) and the generated kernel
+        modules. None (default): no kernel cache; the handler and modules go to a scratch
+        directory under the system's temporary directory.
+    ffi_library: a prebuilt FFI handler library (.so) to use instead of building one.
+    cxx: the C++ compiler that builds the FFI handler.
+
+    ``linear_solver`` is accepted by ``solve`` for API compatibility; the kernel always uses the
+    compiled unpivoted sparse LU (for a dense pattern that is a dense unpivoted LU).
+    """
+
+    name = "cuda"
+
+    def __init__(self, launch: str = "auto", cache_root: Path | str | None = None, *,
+                 ffi_library: Path | str | None = None, cxx: str = "g++"):
+        if launch not in LAUNCH_MODES:
+            raise ValueError(f"CudaBackend: launch must be one of {LAUNCH_MODES}, got {launch!r}")
+        self.launch = launch
+        self.cache_root = None if cache_root is None else Path(cache_root)
+        work = self.cache_root if self.cache_root is not None else scratch_dir()
+        self.module_dir = work
+        self.kernel_cache = KernelCache(work / "cubin") if self.cache_root is not None else None
+        self.ffi_library = FfiLibrary(work / "ffi", prebuilt=ffi_library, cxx=cxx)
+        self.ffi = FfiLauncher(self.ffi_library, self.kernel_cache, self.module_dir)
+
+    def __repr__(self) -> str:
+        return f"CudaBackend(launch={self.launch!r}, cache_root={self.cache_root!r})"
+
+    @property
+    def emulated(self) -> bool:
+        return self.launch == "emulated"
+
+    def use_ffi(self) -> bool:
+        """Whether a solve launches through the XLA FFI custom call (``launch``)."""
+        if self.launch in ("numba", "emulated"):
+            return False
+        try:
+            self.ffi_library.load()
+        except FfiBuildError as exc:
+            if self.launch == "ffi":
+                raise
+            warnings.warn(f"the XLA FFI launch is unavailable ({exc}); using numba-cuda-mlir's "
+                          "launch (CudaBackend(launch='numba') silences this)", RuntimeWarning,
+                          stacklevel=4)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ plain solves
+    def solve(self, rhs, inputs, *, args, rtol, max_steps, sparsity, linear_solver, controller,
+              tableau):
+        if linear_solver not in _LINEAR_SOLVERS:
+            raise ValueError(f"linear_solver must be one of {_LINEAR_SOLVERS}, got "
+                             f"{linear_solver!r}")
+        table_split_of(rhs, args)  # a clear TypeError for args without rhs.table_split
+        if self.emulated:
+            return emulate_plain(rhs, kernel_inputs(inputs, rtol), args, sparsity, max_steps,
+                                 controller, tableau, self.module_dir)
+        cuda_modules()  # fail early, with the reason, before any host-side work
+        if self.use_ffi():
+            return self.ffi.solve(rhs, inputs, args=args, rtol=rtol, max_steps=max_steps,
+                                  sparsity=sparsity, controller=controller, tableau=tableau)
+        return solve_numba(rhs, kernel_inputs(inputs, rtol), args, sparsity, max_steps,
+                           controller, tableau, self.module_dir)
+
+    def solve_jax(self, rhs, y0, t_save, params, **kwargs):
+        """The ensemble solve as a JAX computation through the XLA FFI custom call
+        (:meth:`FfiLauncher.solve_jax`): usable under ``jit``, ``vmap`` folds into one launch."""
+        return self.ffi.solve_jax(rhs, y0, t_save, params, **kwargs)
+
+    # ------------------------------------------------------------------ sensitivities
+    def check_sensitivities(self, spec) -> None:
+        if not self.emulated:
+            cuda_modules()
+        if spec.jacobian != "exact":
+            raise ValueError("_jacobian='block_diagonal' is a JAX-backend diagnostic")
+        check_args_structure(spec.rhs, spec.has_args, spec.leaf_meta)
+
+    def _plain_host(self, rhs, inp, args, spec):
+        run = emulate_plain if self.emulated else solve_numba
+        return run(rhs, inp, args, spec.sparsity, spec.max_steps, spec.ctrl, spec.tableau,
+                   self.module_dir)
+
+    def _sens_host(self, *a, **kw):
+        run = sensitivity_emulated if self.emulated else solve_sensitivities
+        return run(*a, module_dir=self.module_dir, **kw)
+
+    def solve_ys(self, spec, y0, params, args, ts, t0, te):
+        """The plain kernel as a host callback."""
+        import jax
+        import jax.numpy as jnp
+
+        N, ns = ts.shape
+
+        def host(y0, params, tab, ts, t0, te):
+            inp = prepare(y0, ts, params, spec.rtol, spec.atol, t0, te, spec.weights,
+                          spec.max_steps, spec.first_step)
+            sol = self._plain_host(spec.rhs, inp, tab if spec.has_args else None, spec)
+            return np.asarray(sol.ys, np.float64)
+
+        table = jax.tree_util.tree_leaves(args)[0] if spec.has_args else jnp.zeros(1)
+        return jax.pure_callback(host, jax.ShapeDtypeStruct((N, ns, spec.n), jnp.float64), y0,
+                                 params, table, ts, t0, te, vmap_method="sequential")
+
+    def solve_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
+        """The tangent (m, N, ns, n) from the sensitivity kernel (host callback): N·m threads,
+        one per (trajectory, direction); a trajectory with a failed direction is NaN at the save
+        times that direction did not reach, in every direction (``dys_or_nan``)."""
+        import jax
+        import jax.numpy as jnp
+
+        present = [x for x in (dy0, dp) if x is not None] + list(dargs)
+        m = present[0].shape[0]
+        N, n = y0.shape
+        ns = ts.shape[1]
+        s0 = jnp.zeros((m, N, n)) if dy0 is None else jnp.asarray(dy0, jnp.float64)
+        dpp = jnp.zeros((m, N, spec.P)) if dp is None else jnp.asarray(dp, jnp.float64)
+        table = leaves[0] if spec.has_args else jnp.zeros(1)
+        ops = [y0, params, table, ts, t0, te, s0, dpp]
+        ops += [jnp.asarray(d, jnp.float64) for d in dargs]   # at most the one table leaf
+
+        def host(y0, params, tab, ts, t0, te, s0, dp, *da):
+            sol = self._sens_host(
+                spec.rhs, y0, ts, params, s0=s0, dparams=dp if spec.P else None,
+                dargs=da[0] if da else None, args=tab if spec.has_args else None,
+                rtol=spec.rtol, atol=spec.atol, sensitivity_atol=spec.sens_atol,
+                sensitivity_error_control=spec.sec, t0=t0, t_end=te, sparsity=spec.sparsity,
+                error_weights=spec.weights, max_steps=spec.max_steps,
+                first_step=spec.first_step, controller=spec.ctrl, tableau=spec.tableau)
+            return sol.dys_or_nan()
+
+        return jax.pure_callback(host, jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64), *ops,
+                                 vmap_method="sequential")
+
+    def joint_solve(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
+        """info per trajectory (status: OK unless a direction failed; step counts: the most over
+        its directions), per thread (``thread_*``, (m, N)) and the launch's own (``launch``)."""
+        import jax.numpy as jnp
+
+        sol = self._sens_host(
+            spec.rhs, np.asarray(y0), np.asarray(ts), np.asarray(params),
+            s0=None if dy0 is None else np.asarray(dy0),
+            dparams=None if dp is None else np.asarray(dp),
+            dargs=np.asarray(dargs[0]) if dargs else None,
+            args=np.asarray(leaves[0]) if spec.has_args else None, rtol=spec.rtol,
+            atol=spec.atol, sensitivity_atol=spec.sens_atol, sensitivity_error_control=spec.sec,
+            t0=np.asarray(t0), t_end=np.asarray(te), sparsity=spec.sparsity,
+            error_weights=spec.weights, max_steps=spec.max_steps, first_step=spec.first_step,
+            controller=spec.ctrl, tableau=spec.tableau)
+        info = {"status": sol.trajectory_status(), "n_accepted": sol.n_accepted.max(axis=0),
+                "n_rejected": sol.n_rejected.max(axis=0), "thread_status": sol.status,
+                "thread_n_accepted": sol.n_accepted, "thread_n_rejected": sol.n_rejected,
+                "launch": sol.info}
+        return jnp.asarray(sol.ys), jnp.asarray(sol.dys_or_nan()), info

@@ -1,0 +1,111 @@
+"""What a generated CUDA kernel depends on, and the pieces every generated module shares.
+
+A :class:`KernelSpec` holds everything the kernel text depends on (sizes, the LU's source and slot
+layout, the colouring, the tableau and controller as literals) and nothing it does not: tolerances,
+weights and the arrays are kernel arguments, so one compiled kernel serves every tolerance.
+``KERNEL_ARGS`` / ``SENS_KERNEL_ARGS`` are the kernels' positional arguments, in order; the numba
+launch, the XLA FFI handler's argument layout and the CPU emulator all read them.
+
+``lu_source_to_out_form`` rewrites the compiled sparse LU of :mod:`solver.linalg.sparse_lu`
+(``LinearSolver.source``: tuple-returning ``lu_factor(a)`` / ``lu_solve(lu, b)``) by an AST pass so
+the results land in an ``out`` array; the arithmetic is the generated SSA text verbatim.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["KernelSpec", "build_spec", "check_spec", "lu_source_to_out_form", "lit",
+           "MAX_DIRECTIONS", "KERNEL_ARGS", "SENS_KERNEL_ARGS"]
+
+#: numba-enzyme-cuda accepts at most this many direction sets in one ``jvp`` call.
+MAX_DIRECTIONS = 8
+
+#: The kernel's positional arguments, in order (the backend and the emulator both use it).
+KERNEL_ARGS = ("y0", "t0", "t_end", "t_save", "params", "args", "rtol", "atol", "weights", "h0",
+               "n_weighted", "ys", "t_out", "status", "n_accepted", "n_rejected", "n_traj")
+
+#: The sensitivity kernel's positional arguments (``codegen.sensitivity``).
+SENS_KERNEL_ARGS = ("y0", "t0", "t_end", "t_save", "params", "args", "s0", "dparams", "dargs",
+                    "rtol", "atol", "atol_s", "weights", "weights_s", "h0", "n_weighted", "ys",
+                    "dys", "t_out", "status", "n_accepted", "n_rejected", "n_traj", "n_dir")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything the kernel text depends on (and nothing it does not: tolerances are arguments)."""
+
+    n: int
+    n_params: int            # P as the RHS sees it (>= 1: the backend pads P = 0 with a dummy)
+    has_args: bool
+    max_steps: int
+    lu_source: str           # LinearSolver.source (straight-line lu_factor / lu_solve)
+    nslots: int
+    diag_slots: tuple
+    colors: tuple            # colour of each column
+    n_colors: int
+    jac_slots: tuple         # ((slot, colour, row), ...) for every slot in the pattern
+    tableau: object
+    controller: object
+    n_tv: int = 0            # > 0: args are tables read through a TableSplit (``cuda.tables``)
+
+
+def lit(x) -> str:
+    """Float literal that round-trips exactly."""
+    x = float(x)
+    if not np.isfinite(x):
+        raise ValueError(f"non-finite literal {x}")
+    return repr(x)
+
+
+class _OutForm(ast.NodeTransformer):
+    def visit_FunctionDef(self, node):
+        node.args.args.append(ast.arg(arg="out"))
+        self.generic_visit(node)
+        return node
+
+    def visit_Return(self, node):
+        if not isinstance(node.value, ast.Tuple):
+            raise ValueError("generated LU source: expected 'return (tuple)'")
+        stmts = [ast.Assign(targets=[ast.Subscript(value=ast.Name("out", ast.Load()),
+                                                   slice=ast.Constant(i), ctx=ast.Store())],
+                            value=elt, lineno=0)
+                 for i, elt in enumerate(node.value.elts)]
+        return stmts
+
+
+def lu_source_to_out_form(source: str) -> str:
+    """Rewrite ``lu_factor(a)``/``lu_solve(lu, b)`` (tuple-returning) to ``(…, out)`` array form."""
+    tree = ast.parse(source)
+    names = [f.name for f in tree.body if isinstance(f, ast.FunctionDef)]
+    if sorted(names) != ["lu_factor", "lu_solve"]:
+        raise ValueError(f"LU source must define lu_factor and lu_solve, got {names}")
+    tree = ast.fix_missing_locations(_OutForm().visit(tree))
+    return ast.unparse(tree) + "\n"
+
+
+def check_spec(spec: KernelSpec) -> None:
+    """What every generated kernel needs of its spec (plain and sensitivity kernels alike)."""
+    if spec.n_params < 1:
+        raise ValueError("n_params must be >= 1 (pad P = 0 with a dummy parameter)")
+    if spec.has_args and spec.n_tv < 1:
+        raise ValueError("args reach the kernel only as tables through a TableSplit (n_tv >= 1): "
+                         "Enzyme's CUDA jvp cannot take an array argument")
+
+
+def build_spec(n, n_params, has_args, max_steps, linear, jac_plan, tableau, controller,
+               n_tv: int = 0) -> KernelSpec:
+    """KernelSpec from a sparse :class:`LinearSolver` and a :class:`JacobianPlan` on its slots."""
+    if linear.source is None:
+        raise ValueError("the CUDA kernel needs the straight-line sparse LU (LinearSolver.source)")
+    gi = np.asarray(jac_plan.gather_index)
+    nc = jac_plan.n_colors
+    slots = tuple((int(s), int(g // n), int(g % n)) for s, g in enumerate(gi) if g < nc * n)
+    return KernelSpec(n=n, n_params=n_params, has_args=has_args, max_steps=int(max_steps),
+                      lu_source=linear.source, nslots=int(linear.nslots),
+                      diag_slots=tuple(int(d) for d in linear.diag_slots),
+                      colors=tuple(int(c) for c in jac_plan.colors), n_colors=int(nc),
+                      jac_slots=slots, tableau=tableau, controller=controller, n_tv=int(n_tv))
+

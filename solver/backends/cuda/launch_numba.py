@@ -1,0 +1,108 @@
+"""Launching the CUDA kernels through numba-cuda-mlir: host arrays copied to the device, one
+thread per trajectory (or per (trajectory, direction)), results copied back. The XLA FFI launch
+(``launch_ffi``) runs the same cubin on XLA's stream instead."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ...method.tableau import RODAS5P
+from .inputs import check_lookup_p, sens_call_args, sens_inputs, sens_outputs
+from .plan import build_plan, build_sens_plan, check_plan_split
+from .results import SensitivitySolution, kernel_solution
+from .tables import args_array, table_split_of
+from .toolchain import THREADS_PER_BLOCK, cuda_modules, kernel_attr
+
+__all__ = ["solve_numba", "solve_sensitivities", "SENS_DOC_ARGS"]
+
+
+def solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau, module_dir=None):
+    """The plain kernel through a numba launch, on kernel inputs (``inputs.kernel_inputs``)."""
+    plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
+                      max_steps=max_steps, controller=controller, tableau=tableau)
+    check_plan_split(plan, rhs, inp, args)
+    kernel = plan.kernel(module_dir)
+    cuda = plan._cuda
+    N, n, m = inp["N"], inp["n"], inp["t_save"].shape[1]
+    d = {k: cuda.to_device(inp[k]) for k in ("y0", "t0", "t_end", "t_save", "params", "atol",
+                                             "weights", "h0")}
+    args_d = cuda.to_device(np.zeros(1) if args is None else args_array(args))
+    ys = cuda.device_array((N, m, n), dtype=np.float64)
+    t_out = cuda.device_array(N, dtype=np.float64)
+    st = cuda.device_array(N, dtype=np.int32)
+    nacc = cuda.device_array(N, dtype=np.int32)
+    nrej = cuda.device_array(N, dtype=np.int32)
+    blocks = (N + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    first = plan.compile_s is None
+    t_launch = time.perf_counter()
+    kernel[blocks, THREADS_PER_BLOCK](d["y0"], d["t0"], d["t_end"], d["t_save"], d["params"],
+                                      args_d, inp["rtol"], d["atol"], d["weights"], d["h0"],
+                                      inp["n_weighted"], ys, t_out, st, nacc, nrej, np.int64(N))
+    cuda.synchronize()
+    elapsed = time.perf_counter() - t_launch
+    if first:
+        plan.compile_s = elapsed  # compile + first run
+    info = {"linear_solver": "sparse", "jacobian_colors": int(plan.jac_plan.n_colors),
+            "lu_slots": int(plan.linear.nslots), "kernel_seconds": elapsed,
+            "first_call_includes_compile": first, "host_setup_seconds": plan.host_setup_s,
+            "kernel_module": plan.module_path, "table_values": plan.spec.n_tv, "launch": "numba",
+            "local_mem_per_thread": kernel_attr(kernel, "get_local_mem_per_thread"),
+            "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
+    return kernel_solution(ys.copy_to_host(), t_out.copy_to_host(), st.copy_to_host(),
+                           nacc.copy_to_host(), nrej.copy_to_host(), "cuda", info)
+
+
+SENS_DOC_ARGS = """
+    s0 (m, N, n), dparams (m, N, P), dargs (m, *args.shape): the m tangent directions (initial
+    sensitivities, parameter tangents, tangent tables; None = zero, at least one given).
+    sensitivity_error_control: True -> the error norm covers [y, s] (joint error² = RMS_y² +
+    RMS_s², the JAX backend's convention for one direction); False -> s has zero weight and every
+    thread takes exactly the plain solve's steps.  sensitivity_atol: atol of s (default atol).
+    Other arguments as :func:`solver.solve`.  Returns a :class:`SensitivitySolution`."""
+
+
+def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs=None,
+                        args=None, rtol=1e-6, atol=1e-9, sensitivity_atol=None,
+                        sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
+                        error_weights=None, max_steps=100_000, first_step=None, controller=None,
+                        tableau=RODAS5P, module_dir=None):
+    """Forward sensitivities on the GPU: one thread per (trajectory, direction), N·m threads,
+    thread g = i·m + d (a trajectory's directions share a warp: same tables row and parameters,
+    and without sensitivity error control identical step sequences, so no divergence)."""
+    table_split_of(rhs, args)
+    inp = sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
+                      sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
+                      max_steps, first_step)
+    cuda_modules()
+    plan = build_sens_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
+                           max_steps=max_steps, controller=controller, tableau=tableau)
+    check_plan_split(plan.plain, rhs, inp, args)
+    check_lookup_p(plan, rhs, inp, args)
+    kernel = plan.kernel(module_dir)
+    cuda = plan._cuda
+    args_h = np.zeros(1) if args is None else args_array(args)
+    host = sens_outputs(inp)
+    dev_in = sens_call_args(inp, args_h, host)
+    dev = [cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in dev_in]
+    dev[-2], dev[-1] = np.int64(inp["N"]), np.int64(inp["m"])
+    threads = inp["N"] * inp["m"]
+    blocks = (threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    first = plan.compile_s is None
+    t_launch = time.perf_counter()
+    kernel[blocks, THREADS_PER_BLOCK](*dev)
+    cuda.synchronize()
+    elapsed = time.perf_counter() - t_launch
+    if first:
+        plan.compile_s = elapsed
+    names = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
+    res = {k: dev[16 + j].copy_to_host() for j, k in enumerate(names)}
+    info = {"kernel_seconds": elapsed, "first_call_includes_compile": first, "threads": threads,
+            "directions": inp["m"], "kernel_module": plan.module_path,
+            "local_mem_per_thread": kernel_attr(kernel, "get_local_mem_per_thread"),
+            "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
+    return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
+                               res["n_accepted"], res["n_rejected"], "cuda", info)
+
+
+solve_sensitivities.__doc__ += SENS_DOC_ARGS

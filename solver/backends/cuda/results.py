@@ -1,0 +1,46 @@
+"""What the CUDA kernels return: a ``Solution`` for the plain kernel, a
+:class:`SensitivitySolution` (one row per thread) for the sensitivity kernel."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...problem.solution import Solution
+from ...problem.status import Status
+
+__all__ = ["kernel_solution", "SensitivitySolution"]
+
+
+def kernel_solution(ys, t, status, nacc, nrej, backend, info) -> Solution:
+    return Solution(ys=ys, status=np.asarray(status, dtype=np.int32), t_final=t,
+                    n_accepted=np.asarray(nacc), n_rejected=np.asarray(nrej), backend=backend,
+                    info=info)
+
+
+class SensitivitySolution:
+    """Result of a sensitivity-kernel launch (on the GPU or emulated).
+
+    ys (N, ns, n): the states (from each trajectory's direction-0 thread); dys (m, N, ns, n): the
+    sensitivities s_d at the save times; status, t_final, n_accepted, n_rejected: (m, N), one per
+    thread (direction, trajectory); info: launch diagnostics.
+    """
+
+    def __init__(self, ys, dys, status, t_final, n_accepted, n_rejected, backend, info):
+        self.ys, self.dys, self.status, self.t_final = ys, dys, status, t_final
+        self.n_accepted, self.n_rejected = n_accepted, n_rejected
+        self.backend, self.info = backend, info
+
+    def trajectory_status(self) -> np.ndarray:
+        """(N,): OK where every direction of the trajectory finished, else the first failed
+        direction's status (a failed (i, d) fails trajectory i)."""
+        st = np.asarray(self.status)
+        bad = st != int(Status.OK)
+        first = np.argmax(bad, axis=0)
+        return np.where(bad.any(axis=0), st[first, np.arange(st.shape[1])], int(Status.OK))
+
+    def dys_or_nan(self) -> np.ndarray:
+        """dys with every direction NaN at the save times some direction of that trajectory did
+        not reach (as the JAX backend's joint solve of all directions at once reports)."""
+        dys = np.array(self.dys)
+        missing = np.any(np.isnan(dys), axis=(0, 3))          # (N, ns)
+        dys[:, missing] = np.nan
+        return dys

@@ -1,0 +1,128 @@
+"""The JAX backend: an ensemble of Rosenbrock trajectories advanced in lock-step.
+
+One ``lax.while_loop`` runs until every trajectory has finished; each iteration attempts one step
+for every still-running trajectory (``vmap`` of the single-trajectory step) and leaves finished ones
+untouched. Each trajectory has its own step size, controller history, end time, counters and
+status, so the ensemble is exactly N independent solves. Runs on the CPU (the project's CI) and on
+a GPU through XLA (the GPU baseline the CUDA backend is measured against).
+"""
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ...method.rosenbrock import dense_output, rosenbrock_step_looped
+from ...problem.status import Status
+
+
+class EnsembleResult(NamedTuple):
+    ys: jax.Array        # (N, n_save, n); NaN at save times a failed trajectory never reached
+    t: jax.Array         # (N,) time reached
+    status: jax.Array    # (N,) int32, see solver.problem.status.Status
+    n_accepted: jax.Array
+    n_rejected: jax.Array
+
+
+def _weighted_rms(err, y0, y1, rtol, atol, weights, n_weighted):
+    scale = atol + rtol * jnp.maximum(jnp.abs(y0), jnp.abs(y1))
+    r = weights * err / scale
+    return jnp.sqrt(jnp.sum(r * r) / n_weighted)
+
+
+def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_steps: int):
+    """Build the (un-jitted) ensemble solve for one RHS and one linear-algebra plan.
+
+    f(y, t, p, args) -> (n,) array; jac(y, t, p, args) -> (f, J in slot layout, ∂f/∂t).
+    Returned function: run(y0 (N,n), t0 (N,), t_end (N,), t_save (N,m), params (N,P), args,
+    rtol, atol (n,), weights (n,), h0 (N,) or NaN for automatic) -> EnsembleResult.
+    """
+    k_ctrl = tab.embedded_order + 1.0
+    running = np.int32(Status.RUNNING)  # a numpy constant: plans may be built inside a trace
+
+    def initial_step(y0, t0, t_end, p, args, rtol, atol, weights, n_weighted):
+        # Hairer, Nørsett & Wanner, Solving ODEs I, §II.4: h from ‖y0‖, ‖f0‖ and a finite
+        # difference of f; robust for stiff starts because it only ever shrinks.
+        f0 = f(y0, t0, p, args)
+        zero = jnp.zeros_like(y0)
+        d0 = _weighted_rms(y0, y0, y0, rtol, atol, weights, n_weighted)
+        d1 = _weighted_rms(f0, y0, y0, rtol, atol, weights, n_weighted)
+        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
+        span = t_end - t0
+        h0 = jnp.minimum(h0, span)
+        f1 = f(y0 + h0 * f0, t0 + h0, p, args)
+        d2 = _weighted_rms(f1 - f0, y0, y0 + zero, rtol, atol, weights, n_weighted) / h0
+        dmax = jnp.maximum(d1, d2)
+        h1 = jnp.where(dmax <= 1e-15, jnp.maximum(1e-6, h0 * 1e-3),
+                       (0.01 / dmax) ** (1.0 / (tab.order + 1.0)))
+        h = jnp.minimum(100.0 * h0, h1)
+        h = jnp.where(jnp.isfinite(h) & (h > 0), h, 1e-6 * span)
+        return jnp.minimum(h, span)
+
+    def step(state, p, ts, t_end, args, rtol, atol, weights, n_weighted):
+        t, y, h, e1, e2, nacc, nrej, status, ys = state
+        active = status == running
+        to_end = t_end - t
+        last = h >= to_end
+        h = jnp.where(last, to_end, h)
+        f0, jvals, dfdt = jac(y, t, p, args)
+        fy = lambda yy, tt: f(yy, tt, p, args)  # noqa: E731
+        y1, errv, K = rosenbrock_step_looped(tab, fy, linear, y, t, h, f0, jvals, dfdt)
+        err = _weighted_rms(errv, y, y1, rtol, atol, weights, n_weighted)
+        finite = jnp.isfinite(err) & jnp.all(jnp.isfinite(y1))
+        accept = finite & (err <= 1.0)
+        err_s = jnp.maximum(jnp.where(finite, err, 1.0), 1e-10)
+        fac_acc = (ctrl.safety * err_s ** (-ctrl.beta1 / k_ctrl) * e1 ** (-ctrl.beta2 / k_ctrl)
+                   * e2 ** (-ctrl.beta3 / k_ctrl))
+        fac_acc = jnp.clip(fac_acc, ctrl.factor_min, ctrl.factor_max)
+        fac_rej = jnp.clip(ctrl.safety * err_s ** (-1.0 / k_ctrl), ctrl.factor_min, 1.0)
+        fac = jnp.where(accept, fac_acc, jnp.where(finite, fac_rej, ctrl.factor_min))
+        h_new = h * fac
+        t_new = jnp.where(accept, jnp.where(last, t_end, t + h), t)
+        y_new = jnp.where(accept, y1, y)
+        # dense output for the save times passed by this step
+        theta = (ts - t) / h
+        hit = accept & (ts > t) & ((ts <= t + h) | last)
+        ys_new = jnp.where(hit[:, None], dense_output(y, y1, K, theta), ys)
+        nacc_new = nacc + accept
+        nrej_new = nrej + (~accept)
+        dt_min = ctrl.dt_min_rel * jnp.maximum(jnp.abs(t), 1.0)
+        st = jnp.where(accept & last, jnp.int32(Status.OK), running)
+        st = jnp.where(~accept & (h_new < dt_min),
+                       jnp.where(finite, jnp.int32(Status.STEP_TOO_SMALL),
+                                 jnp.int32(Status.NON_FINITE)), st)
+        st = jnp.where((st == running) & (nacc_new + nrej_new >= max_steps),
+                       jnp.int32(Status.MAX_STEPS), st)
+        e1n = jnp.where(accept, err_s, e1)
+        e2n = jnp.where(accept, e1, e2)
+        new = (t_new, y_new, h_new, e1n, e2n, nacc_new, nrej_new, st, ys_new)
+        return tuple(jnp.where(active, a, b) if a.ndim == 0 else
+                     jnp.where(jnp.reshape(active, (1,) * a.ndim), a, b)
+                     for a, b in zip(new, state))
+
+    def run(y0, t0, t_end, t_save, params, args, rtol, atol, weights, h0):
+        N, n = y0.shape
+        n_weighted = jnp.maximum(jnp.sum(weights > 0), 1)
+        h_auto = jax.vmap(initial_step, in_axes=(0, 0, 0, 0, None, None, None, None, None))(
+            y0, t0, t_end, params, args, rtol, atol, weights, n_weighted)
+        h = jnp.where(jnp.isnan(h0), h_auto, jnp.minimum(h0, t_end - t0))
+        at_start = t_save <= t0[:, None]
+        ys = jnp.where(at_start[:, :, None], y0[:, None, :], jnp.nan)
+        status = jnp.where(t_end > t0, jnp.int32(Status.RUNNING), jnp.int32(Status.OK))
+        ones = jnp.ones((N,), y0.dtype)
+        zeros_i = jnp.zeros((N,), jnp.int32)
+        state = (t0, y0, h, ones, ones, zeros_i, zeros_i, status, ys)
+        vstep = jax.vmap(step, in_axes=(0, 0, 0, 0, None, None, None, None, None))
+
+        def cond(st):
+            return jnp.any(st[7] == running)
+
+        def body(st):
+            return vstep(st, params, t_save, t_end, args, rtol, atol, weights, n_weighted)
+
+        t, y, h, e1, e2, nacc, nrej, status, ys = jax.lax.while_loop(cond, body, state)
+        return EnsembleResult(ys, t, status, nacc, nrej)
+
+    return run

@@ -1,0 +1,181 @@
+"""Exact derivatives through the ensemble solve by forward sensitivities.
+
+``solve_diff(rhs, y0, t_save, params, args=...)`` returns the saved states ``ys`` (N, m_save, n)
+like ``solve(...).ys`` and is differentiable with ``jax.jvp``, ``jax.jacfwd``, ``jax.grad``,
+``jax.jacrev`` and ``jax.vjp`` with respect to ``y0``, ``params`` and the float leaves of
+``args`` (tables shared by all trajectories); it composes with ``jax.jit`` and ``jax.vmap``.
+Save times, ``t0`` and ``t_end`` are not differentiated (their tangents are treated as zero).
+
+* An undifferentiated call is the ordinary solve: the backend's ``solve_ys``, the same cached
+  plan and loop that ``solver.solve`` runs; nothing about sensitivities is built or run.
+* Under differentiation a ``jax.custom_jvp`` rule returns the ordinary solve as primal and, as
+  tangent, one linear primitive (``primitive.sensitivity_tangent_p``) of the input tangents,
+  implemented by the backend's ``solve_sensitivities``: on the JAX backend the joint system
+  [y, s_1 .. s_m] (``backends.jax.joint``), on the CUDA backend the generated sensitivity kernel,
+  one GPU thread per (trajectory, direction).
+* Error control: ``sensitivity_error_control=True`` (default) includes the sensitivities in the
+  error norm (the weights are scaled so the joint error² = Σ over blocks of each block's RMS²,
+  hence every block is controlled at least as tightly as the plain solve controls y); ``False``
+  gives them zero weight, so the joint solve takes exactly the plain solve's steps and the
+  sensitivities carry whatever error those steps make. The CUDA kernel controls each direction's
+  RMS_y² + RMS_s² (the JAX joint solve of m directions RMS_y² + Σ_d RMS_s_d²), so the two backends
+  take different steps and agree to the tolerance, not to rounding.
+* Reverse mode costs one sensitivity solve with K = (differentiated input components per
+  trajectory) directions: fine for a handful of parameters, expensive when a large table in
+  ``args`` is differentiated. For a pipeline θ → tables → solve, wrap the whole θ-map with
+  :func:`grad_by_forward_mode` so ``jax.grad`` costs one solve with len(θ) directions.
+
+On the CUDA backend ``args`` must be one array read through ``rhs.table_split`` (as for ``solve``);
+the tangent tables enter linearly (Hermite lookup is linear in the table). Details and
+measurements: docs/gradients.md.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from ..caches import Cache
+from .primitive import sensitivity_tangent_p
+from .spec import prepare
+
+__all__ = ["solve_diff", "joint_solve", "grad_by_forward_mode"]
+
+#: the custom_jvp function of each spec (its identity keys JAX's jit caches)
+DIFF_FNS = Cache("sensitivity.diff_fns", maxsize=256)
+
+
+def _is_zero(t):
+    return isinstance(t, jax.custom_derivatives.SymbolicZero) or t is None
+
+
+def _diff_fn(cfg):
+    return DIFF_FNS.get_or_build(cfg, lambda: _make_diff_fn(cfg))
+
+
+def _make_diff_fn(cfg):
+    @jax.custom_jvp
+    def f(y0, params, args, ts, t0, te):
+        return cfg.backend.solve_ys(cfg, y0, params, args, ts, t0, te)
+
+    @functools.partial(f.defjvp, symbolic_zeros=True)
+    def f_jvp(primals, tangents):
+        y0, params, args, ts, t0, te = primals
+        dy0, dp, dargs = tangents[:3]
+        ys = f(y0, params, args, ts, t0, te)
+        leaves = jax.tree_util.tree_leaves(args)
+        dleaves = jax.tree_util.tree_leaves(
+            dargs, is_leaf=lambda x: isinstance(x, jax.custom_derivatives.SymbolicZero))
+        arg_idx, arg_tans = [], []
+        for i, (fl, d) in enumerate(zip(cfg.float_leaf, dleaves)):
+            if fl and not _is_zero(d):
+                arg_idx.append(i)
+                arg_tans.append(jnp.asarray(d, jnp.float64)[None])
+        mask = (not _is_zero(dy0), not _is_zero(dp) and cfg.P > 0, tuple(arg_idx))
+        tans = []
+        if mask[0]:
+            tans.append(jnp.asarray(dy0, jnp.float64)[None])
+        if mask[1]:
+            tans.append(jnp.asarray(dp, jnp.float64)[None])
+        tans += arg_tans
+        if not tans:
+            return ys, jnp.zeros_like(ys)
+        out = sensitivity_tangent_p.bind(y0, params, *leaves, ts, t0, te, *tans,
+                                         cfg=cfg, mask=mask)
+        return ys, out[0]
+
+    return f
+
+
+def solve_diff(rhs: Callable, y0, t_save, params, *, args=None, rtol: float = 1e-6,
+               atol=1e-9, t0=None, t_end=None, error_weights=None,
+               sensitivity_error_control: bool = True, sensitivity_atol=None,
+               max_steps: int = 100_000, **solve_kwargs):
+    """Differentiable ensemble solve: returns ``ys`` (N, m_save, n), as ``solve(...).ys``.
+
+    Same arguments as :func:`solver.solve` (``sparsity``, ``linear_solver``, ``controller``,
+    ``tableau``, ``first_step`` pass through; ``backend`` "jax" (default), "cuda", "auto" or a
+    Backend object: see the module docstring for the CUDA backend).  Differentiable w.r.t. ``y0``
+    (N, n), ``params`` (N, P) and the float leaves of ``args`` with jvp/jacfwd/grad/jacrev/vjp;
+    t_save, t0, t_end are not differentiated.  ``rtol``, ``atol``, ``error_weights`` must be
+    concrete (they are compile-time settings).
+
+    sensitivity_error_control: include the sensitivities in the step-size control (True,
+        default; the steps then also resolve the sensitivities, so the derivative is accurate to
+        about the tolerance) or not (False; the joint solve takes the plain solve's steps, cheaper,
+        but the derivative's error is not controlled — see docs/gradients.md).
+    sensitivity_atol: absolute tolerance of the sensitivity components (default: atol).
+    Failed trajectories give NaN (as ``solve``'s ys); check ``solve(...).failures()`` if in doubt.
+    """
+    cfg, y0, params, ts, t0a, tea = prepare(rhs, y0, t_save, params, args, rtol, atol, t0, t_end,
+                                             error_weights, sensitivity_atol,
+                                             sensitivity_error_control, max_steps, solve_kwargs)
+    return _diff_fn(cfg)(y0, params, args, ts, t0a, tea)
+
+
+def joint_solve(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None, dargs=None,
+                args=None, rtol: float = 1e-6, atol=1e-9, t0=None, t_end=None,
+                error_weights=None, sensitivity_error_control: bool = True,
+                sensitivity_atol=None, max_steps: int = 100_000, **solve_kwargs):
+    """Eager joint solve for explicit directions (diagnostics, docs, tests).
+
+    dy0: (m, N, n), dparams: (m, N, P), dargs: pytree like args with a leading m on each leaf
+    (any may be None). Returns ``(ys, dys, info)``: ys (N, ns, n), dys (m, N, ns, n) and info with
+    the joint solve's status and accepted/rejected step counts per trajectory; on the CUDA
+    backend also per thread (``thread_status``, ``thread_n_accepted``, ``thread_n_rejected``,
+    (m, N)) and the launch's own statistics (``launch``: kernel seconds, threads, local memory).
+    Option ``_jacobian="block_diagonal"`` (in solve_kwargs, JAX backend) drops the d²f/dy²·s
+    block from the joint Jacobian: a diagnostic that shows why the exact block is needed.
+    """
+    cfg, y0, params, ts, t0a, tea = prepare(rhs, y0, t_save, params, args, rtol, atol, t0, t_end,
+                                             error_weights, sensitivity_atol,
+                                             sensitivity_error_control, max_steps, solve_kwargs)
+    leaves = tuple(jax.tree_util.tree_leaves(args))
+    arg_idx, dl = [], []
+    if dargs is not None:
+        for i, d in enumerate(jax.tree_util.tree_leaves(dargs)):
+            if d is not None and cfg.float_leaf[i]:
+                arg_idx.append(i)
+                dl.append(jnp.asarray(d, jnp.float64))
+    mask = (dy0 is not None, dparams is not None and cfg.P > 0, tuple(arg_idx))
+    dy0 = None if dy0 is None else jnp.asarray(dy0, jnp.float64)
+    dp = None if not mask[1] else jnp.asarray(dparams, jnp.float64)
+    if dy0 is None and dp is None and not dl:
+        raise ValueError("joint_solve needs at least one tangent (dy0, dparams or dargs)")
+    return cfg.backend.joint_solve(cfg, mask, y0, params, leaves, ts, t0a, tea, dy0, dp,
+                                   tuple(dl))
+
+
+def grad_by_forward_mode(fun: Callable) -> Callable:
+    """Wrap ``fun(*xs)`` so reverse mode (grad/vjp/jacrev) uses ``jax.jacfwd`` inside.
+
+    For a pipeline θ → (tables, ICs) → solve_diff → outputs with few θ: ``jax.grad`` of the
+    wrapped function costs one joint solve with len(θ) directions (plus the θ → tables
+    derivatives), instead of the unit-direction sensitivities of every table entry that the
+    solve's own transpose rule would need.  Forward mode (jvp/jacfwd) of the wrapped function is
+    not available (it is a ``custom_vjp``); call ``fun`` itself for that.
+    """
+
+    @jax.custom_vjp
+    def wrapped(*xs):
+        return fun(*xs)
+
+    def fwd(*xs):
+        out = fun(*xs)
+        jac = jax.jacfwd(fun, argnums=tuple(range(len(xs))))(*xs)
+        return out, jac
+
+    def bwd(jac, ct):
+        ct_leaves, ct_tree = jax.tree_util.tree_flatten(ct)
+        jac_per_out = ct_tree.flatten_up_to(jac)       # each: tuple over inputs
+        grads = None
+        for c, jo in zip(ct_leaves, jac_per_out):
+            g = tuple(jax.tree_util.tree_map(
+                lambda J, c=c: jnp.tensordot(c, J, axes=c.ndim), ji) for ji in jo)
+            grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
+        return grads
+
+    wrapped.defvjp(fwd, bwd)
+    return wrapped
