@@ -134,7 +134,34 @@ def _sigma8(result, name: str, values) -> tuple[dict, list]:
     return out, problems
 
 
-def _run(args, settings, run: Callable | None, out_stream, err_stream) -> int:
+def _first_use_notes(progress, settings, counter, err_stream, quiet: bool):
+    """``progress``, plus one line when the perturbation stage starts with a cold cache (the
+    tables had to compile): the user learns why the first run waits."""
+    said = []
+
+    def report(stage, done, total):
+        if stage == "perturbations" and done == 0 and not said and not quiet \
+                and (settings.cache_root is None or counter.compiled > 0):
+            said.append(True)
+            where = (f"cached in {settings.cache_root} for later runs"
+                     if settings.cache_root is not None else "the cache is off")
+            err_stream.write(f"{PROG}: compiling the perturbation solver (first use of this "
+                             f"model on this machine; {where})\n")
+        progress(stage, done, total)
+    return report
+
+
+def _compilation(counter, settings, backend) -> dict:
+    """What this run compiled and what it loaded from the persistent cache."""
+    out = {**counter.as_dict(),
+           "cache_dir": None if settings.cache_root is None else str(settings.cache_root)}
+    kernels = getattr(backend, "kernel_cache", None)
+    if kernels is not None:
+        out["cuda_kernel_cache"] = dict(kernels.stats)
+    return out
+
+
+def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) -> int:
     t_start = time.perf_counter()
     config_path = resolve_config_path(args.config)
     if args.compare is not None and not Path(args.compare).is_file():
@@ -149,7 +176,8 @@ def _run(args, settings, run: Callable | None, out_stream, err_stream) -> int:
     progress = ProgressReporter(stream=err_stream, enabled=not args.quiet)
     try:
         backend = runtime.backend_for(args.backend, settings)
-        result = run(config, backend=backend, progress=progress, gradients=args.gradients)
+        report = _first_use_notes(progress, settings, counter, err_stream, args.quiet)
+        result = run(config, backend=backend, progress=report, gradients=args.gradients)
     finally:
         progress.close()
     _check_failures(result)
@@ -190,7 +218,8 @@ def _run(args, settings, run: Callable | None, out_stream, err_stream) -> int:
         timings["plot"] = time.perf_counter() - t0
 
     extra = {"name": name, "config": str(config_path),
-             "derived": {n: float(v[0]) for n, v in result.tables.derived.items()}}
+             "derived": {n: float(v[0]) for n, v in result.tables.derived.items()},
+             "compilation": _compilation(counter, settings, backend)}
     if problems:
         extra["sigma8_problems"] = problems
     if tables is not None:
@@ -232,8 +261,8 @@ def main(argv: Sequence[str] | None = None, *, run: Callable | None = None,
                 err_stream.write(f"{PROG}: cleared {', '.join(map(str, removed)) or 'nothing'}\n")
             if args.config is None:
                 return 0
-        runtime.configure(settings)
-        return _run(args, settings, run, out_stream, err_stream)
+        counter = runtime.configure(settings)
+        return _run(args, settings, counter, run, out_stream, err_stream)
     except CliError as exc:
         if args.debug:
             raise

@@ -20,8 +20,8 @@ from typing import Mapping
 
 import jax
 
-__all__ = ["Settings", "configure", "require_float64", "default_cache_root", "clear_cache",
-           "backend_for"]
+__all__ = ["Settings", "CompileCounter", "configure", "require_float64", "default_cache_root",
+           "clear_cache", "backend_for"]
 
 #: folder names under the cache root
 XLA_DIR = "xla"
@@ -68,20 +68,62 @@ class Settings:
                    ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++")
 
 
-def configure(settings: Settings = Settings()) -> None:
-    """float64 on, and JAX's persistent compilation cache under ``settings.cache_root``.
+class CompileCounter:
+    """XLA programs of this process compiled afresh and loaded from the persistent cache (from
+    JAX's monitoring events; both stay 0 when the cache is off)."""
+
+    def __init__(self):
+        self.compiled = 0
+        self.loaded = 0
+
+    def __call__(self, event: str, **kwargs) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self.loaded += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            self.compiled += 1
+
+    def as_dict(self) -> dict:
+        return {"xla_programs_compiled": self.compiled, "xla_programs_loaded": self.loaded}
+
+
+def configure(settings: Settings = Settings()) -> CompileCounter:
+    """float64 on, and JAX's persistent compilation cache under ``settings.cache_root``; returns
+    a counter of this process's compilations from here on.
 
     Every compiled program is cached, however quick its compile: a run compiles a few large
     programs and many small ones, and the small ones add up to most of a second run's wait.
+    JAX writes each entry atomically, so a sampler's workers can share one cache.
     """
     jax.config.update("jax_enable_x64", True)
+    counter = CompileCounter()
+    jax.monitoring.register_event_listener(counter)
     if settings.cache_root is None:
-        return
+        return counter
     xla = settings.cache_root / XLA_DIR
     xla.mkdir(parents=True, exist_ok=True)
+    drop_unreadable_entries(xla)
     jax.config.update("jax_compilation_cache_dir", str(xla))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return counter
+
+
+def drop_unreadable_entries(xla_dir: Path) -> list[Path]:
+    """Delete the compilation-cache entries that do not decompress (a disk error, a crash of
+    another writer's file system): JAX skips an unreadable entry and compiles, but never replaces
+    it, so every later run would compile again. Returns what was deleted."""
+    try:
+        from jax._src.compilation_cache import decompress_executable
+    except ImportError:        # another JAX layout: leave the entries to JAX
+        return []
+    dropped = []
+    for path in Path(xla_dir).glob("*-cache"):
+        try:
+            decompress_executable(path.read_bytes())
+        except Exception:  # noqa: BLE001 - any failure means JAX cannot read it either
+            path.unlink(missing_ok=True)
+            dropped.append(path)
+    return dropped
 
 
 def require_float64() -> None:

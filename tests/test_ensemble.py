@@ -121,6 +121,7 @@ def test_fiducial_ensemble_is_deterministic_spread():
     assert all(np.array_equal(c.m_ncdm, fid.m_ncdm) for c in a)
 
 
+@pytest.mark.slow  # two compilations of the batched tables (~45 s on 2 cores)
 def test_tables_in_pieces_equal_one_piece():
     """Large batches compute their tables in pieces of TABLE_CHUNK (one compiled program, the last
     piece padded): the result is the one-piece result, in order (to rounding: XLA vectorises a

@@ -1,4 +1,4 @@
-"""End-to-end parameter derivatives of P(k) and sigma8 (boltzmann.gradients, issue 5).
+"""End-to-end parameter derivatives of P(k) and sigma8 (boltzmann.gradients).
 
 The exact Jacobian (forward sensitivities through background, thermodynamics, initial conditions
 and the perturbation solve) is compared with central finite differences of the same code, and with
@@ -88,8 +88,8 @@ def test_jacobian_matches_finite_differences_of_our_code(exact):
     FD: central 2-point stencil, steps FD_STEP (~2e-3 of each parameter's scale), of the same
     function at a tightened rtol 1e-9 (truncation ~(step/scale)² ~ 1e-5).  At the Jacobian's
     rtol 1e-7 the FD of τ_reio is noise-limited: its max |∂ln P/∂τ| is only 1.6e-3, and
-    solver noise of ~1e-8 in ln P over the 4e-3 stencil is 2.5e-3 of that (measured once the
-    Λ-linearised fluid left error control and stopped forcing small steps, 2026-11-30); at 1e-9
+    solver noise of ~1e-8 in ln P over the 4e-3 stencil is 2.5e-3 of that (with the
+    Λ-linearised fluid out of error control, the steps are not forced small); at 1e-9
     FD and the rtol-1e-7 Jacobian agree to 7e-5 for τ_reio.
     """
     fn, d = exact
@@ -151,7 +151,7 @@ def test_jacobian_matches_class_finite_differences(exact):
     The reference's own finite-difference error (|D(s) - D(s/2)| in its yaml) bounds what it can
     resolve: for tau_reio (max |∂ln P/∂τ| = 1.6e-3) it is 1.9% of the maximum, so the tolerance
     is max(2%, 3 × that estimate) per parameter (tau_reio: 5.7%; all others stay at 2%).
-    Measured 2026-11-30: h 1.1e-4, omega_b 1.0e-3, omega_cdm 3.0e-3, m_ncdm 1.4e-3, N_ur 5.4e-3,
+    Measured: h 1.1e-4, omega_b 1.0e-3, omega_cdm 3.0e-3, m_ncdm 1.4e-3, N_ur 5.4e-3,
     w0 3.0e-4, wa 9.7e-4, tau_reio 2.3e-2 (a model difference at the lowest k: RECFAST vs HyRec
     residual ionisation moves z_reio(τ)).
     """

@@ -108,8 +108,7 @@ def test_transfer_functions_match_class(case, column):
     assert rel.max() <= 1e-3, f"{name} {column}: max rel. deviation {rel.max():.2e}"
 
 
-@pytest.mark.slow  # ~65 s on 2 cores; the CI budget is 20 min (full default run 19m58s on
-# 2026-11-30 before this and test_bench_gpu's VdP row were moved to -m slow)
+@pytest.mark.slow  # ~65 s on 2 cores: outside the default run, which must stay under 20 min
 def test_convergence_in_lmax_and_rtol():
     """Doubling every ℓmax and halving rtol moves P(k) by < 3e-4 at the default precision."""
     cfg = load_config("lcdm_massless")

@@ -53,8 +53,8 @@ def _spline_ref(k_ref, values, k):
     return np.exp(CubicSpline(np.log(k_ref), np.log(values))(np.log(k)))
 
 
-#: the fluid with massless neutrinos (class_wcdm_massless_*) isolates the fluid; it passed on
-#: 2026-11-30 and is left out of the default run to keep CI within its time budget:
+#: the fluid with massless neutrinos (class_wcdm_massless_*) isolates the fluid; it is left out
+#: of the default run to keep CI within its time budget:
 #: WCDM_CASES=wcdm_massless,wcdm_heavy_nu python -m pytest tests/test_wcdm.py runs both
 _CASES = [c for c in os.environ.get("WCDM_CASES", "wcdm_heavy_nu").split(",") if c]
 

@@ -1,0 +1,95 @@
+"""The persistent compilation cache, as a user meets it: the main job in fresh processes.
+
+A second process loads every XLA program from the cache (none compiled) and writes identical
+files; a changed precision (a different model structure) compiles its own programs instead of
+loading stale ones; a corrupted cache is rebuilt. The counts come from the job's summary.json
+(``compilation``: JAX's cache hit and miss events).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = """name: tiny
+cosmology: {h: 0.6736, omega_b: 0.02237, omega_cdm: 0.12, A_s: 2.1e-9, n_s: 0.9649,
+            tau_reio: 0.0544, N_ur: 3.044}
+output: {z: [0.0], k_min: 0.001, k_max: 3.0, k_per_decade: 2}
+precision: {l_max_g: %d, l_max_pol_g: 4, l_max_ur: 6, rtol: 1.0e-4, bg_n_lna: 400}
+"""
+
+
+def _job(tmp_path, name, cache, l_max_g=6):
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(TINY % l_max_g)
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "transfer.py"), "--config",
+                           str(config), "--cache-dir", str(cache), "--out", str(out),
+                           "--no-plot", "--backend", "jax"],
+                          capture_output=True, text=True, timeout=900,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith(("BOLTZMANN_", "XDG_CACHE"))})
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["compilation"], (out / "pk.csv").read_text(), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cold_and_warm(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cache")
+    cache = tmp / "cache"
+    cold = _job(tmp, "cold", cache)
+    warm = _job(tmp, "warm", cache)
+    return tmp, cache, cold, warm
+
+
+def _numbers(csv_text):
+    return [line for line in csv_text.splitlines() if not line.startswith("#")]
+
+
+def test_second_process_loads_everything_and_agrees(cold_and_warm):
+    _, cache, (c_cold, pk_cold, err_cold), (c_warm, pk_warm, err_warm) = cold_and_warm
+    assert c_cold["xla_programs_compiled"] > 10 and c_cold["cache_dir"] == str(cache)
+    assert c_warm["xla_programs_compiled"] == 0, c_warm
+    assert c_warm["xla_programs_loaded"] >= c_cold["xla_programs_compiled"]
+    assert _numbers(pk_warm) == _numbers(pk_cold)
+    # the first run says why it waits; the second has nothing to say
+    assert "compiling the perturbation solver (first use" in err_cold
+    assert "compiling" not in err_warm
+
+
+def test_changed_precision_does_not_load_stale_programs(cold_and_warm):
+    tmp, cache, (_, pk_cold, _), _ = cold_and_warm
+    changed, pk, _ = _job(tmp, "changed", cache, l_max_g=8)
+    assert changed["xla_programs_compiled"] > 0
+    assert _numbers(pk) != _numbers(pk_cold)          # the new hierarchy was solved
+
+
+def test_corrupted_entries_are_rebuilt(cold_and_warm):
+    tmp, cache, (_, pk_cold, _), _ = cold_and_warm
+    entries = sorted((cache / "xla").glob("*-cache"), key=lambda p: p.stat().st_size)
+    assert entries
+    entries[-1].write_bytes(b"not an executable")     # the largest program: the solve loop
+    rebuilt, pk, _ = _job(tmp, "rebuilt", cache)
+    assert rebuilt["xla_programs_compiled"] == 1
+    assert _numbers(pk) == _numbers(pk_cold)
+    again, _, _ = _job(tmp, "again", cache)
+    assert again["xla_programs_compiled"] == 0        # the rebuilt entries are good
+
+
+def test_cache_can_be_cleared_and_turned_off(tmp_path):
+    from boltzmann import runtime
+
+    s = runtime.Settings.from_environment({"XDG_CACHE_HOME": str(tmp_path)})
+    assert s.cache_root == tmp_path / "boltzmann-gpu"
+    assert runtime.Settings.from_environment({"BOLTZMANN_CACHE": "0"}).cache_root is None
+    assert runtime.Settings.from_environment({}, no_cache=True).cache_root is None
+    moved = runtime.Settings.from_environment({"BOLTZMANN_CACHE_DIR": str(tmp_path / "c")})
+    assert moved.cache_root == tmp_path / "c"
+    (s.cache_root / "xla").mkdir(parents=True)
+    (s.cache_root / "xla" / "entry").write_text("x")
+    assert runtime.clear_cache(s) == [s.cache_root / "xla"]
+    assert not (s.cache_root / "xla").exists()
