@@ -20,8 +20,8 @@ from typing import Mapping
 
 import jax
 
-__all__ = ["Settings", "CompileCounter", "configure", "require_float64", "default_cache_root",
-           "clear_cache", "backend_for"]
+__all__ = ["Settings", "CompileCounter", "configure", "use_float64", "require_float64",
+           "default_cache_root", "clear_cache", "backend_for"]
 
 #: folder names under the cache root
 XLA_DIR = "xla"
@@ -94,7 +94,7 @@ def configure(settings: Settings = Settings()) -> CompileCounter:
     programs and many small ones, and the small ones add up to most of a second run's wait.
     JAX writes each entry atomically, so a sampler's workers can share one cache.
     """
-    jax.config.update("jax_enable_x64", True)
+    use_float64()
     counter = CompileCounter()
     jax.monitoring.register_event_listener(counter)
     if settings.cache_root is None:
@@ -124,6 +124,11 @@ def drop_unreadable_entries(xla_dir: Path) -> list[Path]:
             path.unlink(missing_ok=True)
             dropped.append(path)
     return dropped
+
+
+def use_float64() -> None:
+    """JAX in double precision (what every stage computes in)."""
+    jax.config.update("jax_enable_x64", True)
 
 
 def require_float64() -> None:
