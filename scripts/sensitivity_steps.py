@@ -52,7 +52,7 @@ def dlnp_from_states(prob, ys, dys, d):
 def run(cfg_name, k_over_h, names, ref_factor, max_steps):
     from boltzmann.gradients import PowerSpectrumFunction, available_parameters
     from boltzmann.params import load_config
-    from solver.sensitivity import joint_solve
+    from solver import joint_solve
 
     cfg = load_config(cfg_name)
     names = names or list(available_parameters(cfg.cosmology))

@@ -25,8 +25,8 @@ def test_compute_is_the_pipeline_and_compute_many_the_ensemble():
     ref = pipeline.run(cfg, backend="jax")
     np.testing.assert_array_equal(one.spectra.pk_m, ref.spectra.pk_m)
     assert one.failures() == [] and one.spectra.pk_m.shape == (1, 1, one.k.shape[1])
-    other = dataclasses.replace(cfg.cosmology, omega_cdm=0.11)
-    many = boltzmann.compute_many(cfg, [cfg.cosmology, other], backend="jax")
-    assert many.ok().tolist() == [True, True]
-    np.testing.assert_allclose(many.spectra.pk_m[0], one.spectra.pk_m[0], rtol=1e-6)
-    assert many.spectra.sigma8[1, 0] < many.spectra.sigma8[0, 0]   # less CDM, less power
+    # an ensemble of one through compute_many: the same numbers (a list of several cosmologies
+    # is tests/test_ensemble.py's business)
+    many = boltzmann.compute_many(cfg, [cfg.cosmology], backend="jax")
+    assert many.ok().tolist() == [True]
+    np.testing.assert_array_equal(many.spectra.sigma8, one.spectra.sigma8)

@@ -243,7 +243,7 @@ def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
     assert len(fluid) == 4
     w = modes.error_weights(model)
     assert np.all(w[fluid] == 0.0) and np.count_nonzero(w[other]) > 0
-    cosmo, table = fn._solve_inputs(fn.theta0)
+    cosmo, table = jax.jit(fn._solve_inputs)(fn.theta0)
     rows = modes.mode_rows(model, cosmo, fn.k[None], fn.grid)
     y0 = modes.initial_states_at(model, rows, fn.x0)
     y = y0[0] * (1.0 + 0.1 * np.random.default_rng(0).standard_normal(model.n))
