@@ -192,6 +192,7 @@ def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
     assert seen["backend"] == "jax"
 
 
+@pytest.mark.slow  # ~2 min on 2 cores: outside the default run, which must stay under 20 min
 def test_sensitivity_problem_reproduces_the_jacobian(exact):
     """``PowerSpectrumFunction.sensitivity_problem`` hands out the solve that ``jacobian``
     differentiates: one parameter's direction through ``joint_solve`` (m = 1, as a CUDA thread
