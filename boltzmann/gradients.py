@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solver import pick_backend
+from solver.backends.registry import resolve_backend
 
 from . import modes
 from .params import ConfigError, CosmoParams
@@ -170,9 +170,7 @@ class PowerSpectrumFunction:
     @property
     def backend_name(self) -> str:
         """The backend the solves run on ("jax" or "cuda")."""
-        if not isinstance(self.backend, str):
-            return self.backend.name
-        return pick_backend() if self.backend == "auto" else self.backend
+        return resolve_backend(self.backend).name
 
     # -- θ <-> CosmoParams
     def _fiducial_value(self, kind, leaf):

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solver import describe, pick_backend, solve, solve_diff
+from solver import describe, solve, solve_diff
+from solver.backends.registry import resolve_backend
 from solver.caches import Cache
 
 from . import modes
@@ -134,11 +135,10 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     timings = {"initial_conditions": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
-    name = backend if isinstance(backend, str) else getattr(backend, "name", "")
-    one_launch = name == "cuda" or (name == "auto" and pick_backend() == "cuda")
+    one_launch = resolve_backend(backend).name == "cuda"
     N = C * K
     n_chunk = N if one_launch else int(np.ceil(N / N_CHUNKS_JAX))
-    ys = np.empty((N, x_save.size, model.n))
+    ys_chunks = []        # left where the solver put them (on the GPU): no host round trip
     status = np.empty(N, int)
     n_acc = np.empty(N, int)
     n_rej = np.empty(N, int)
@@ -151,7 +151,7 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
                     rtol=precision.rtol, atol=precision.atol, error_weights=weights,
                     backend=backend, max_steps=int(max_steps))
         m = idx.size
-        ys[idx] = np.asarray(sol.ys)[:m]
+        ys_chunks.append(sol.ys[:m])
         status[idx] = np.asarray(sol.status)[:m]
         n_acc[idx] = np.asarray(sol.n_accepted)[:m]
         n_rej[idx] = np.asarray(sol.n_rejected)[:m]
@@ -163,6 +163,8 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     t0 = time.perf_counter()
     inverse = np.empty_like(order)
     inverse[order] = np.arange(N)
+    ys = ys_chunks[0] if len(ys_chunks) == 1 else jnp.concatenate(
+        [jnp.asarray(y) for y in ys_chunks])
     obs = observables(model, ys, x_save, rows, tables.model_table)
     fields = {name: np.asarray(_czk(v, C, K, z_cols, inverse)) for name, v in obs.items()}
     timings["observables"] = time.perf_counter() - t0
