@@ -26,6 +26,7 @@ and an error names the k range that would be needed.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -46,6 +47,8 @@ __all__ = [
     "sigma8",
     "check_sigma_k_coverage",
     "KRangeError",
+    "coverage_problems",
+    "on_requested_k",
 ]
 
 _TWO_PI_SQ = 2.0 * math.pi**2
@@ -203,16 +206,77 @@ def sigma8(k, pk, h, **kwargs):
     return sigma_R(k, pk, 8.0 / h, **kwargs)
 
 
-def _log_slope(lnk: np.ndarray, ln_y: np.ndarray, end: str, span: float = 0.3) -> float:
-    """Least-squares d ln y / d ln k over the last (or first) `span` in ln k (at least 3 points)."""
-    n = lnk.size
+def _log_slopes(lnk: np.ndarray, ln_y: np.ndarray, end: str, span: float = 0.3) -> np.ndarray:
+    """Least-squares d ln y / d ln k of every row over its last (or first) `span` in ln k (at
+    least 3 points): closed form on masks, numpy only, all rows at once."""
+    K = lnk.shape[-1]
+    idx = np.arange(K)
     if end == "high":
-        count = max(3, int(np.sum(lnk >= lnk[-1] - span)))
-        sel = slice(n - count, n)
+        sel = (lnk >= lnk[:, -1:] - span) | (idx >= K - 3)
     else:
-        count = max(3, int(np.sum(lnk <= lnk[0] + span)))
-        sel = slice(0, count)
-    return float(np.polyfit(lnk[sel], ln_y[sel], 1)[0])
+        sel = (lnk <= lnk[:, :1] + span) | (idx < 3)
+    w = sel.astype(float)
+    n = w.sum(axis=1, keepdims=True)
+    x_mean = (w * lnk).sum(axis=1, keepdims=True) / n
+    y_mean = (w * ln_y).sum(axis=1, keepdims=True) / n
+    dx = lnk - x_mean
+    return (w * dx * (ln_y - y_mean)).sum(axis=1) / (w * dx * dx).sum(axis=1)
+
+
+def _tophat_window_np(x: np.ndarray) -> np.ndarray:
+    """``tophat_window`` in numpy, for the host-side coverage check (no JAX dispatch per call)."""
+    x = np.asarray(x, dtype=float)
+    small = np.abs(x) < _WINDOW_SERIES_X
+    xs = np.where(small, 1.0, x)
+    closed = 3.0 * (np.sin(xs) - xs * np.cos(xs)) / xs**3
+    x2 = x * x
+    series = 1.0 + x2 * (-1.0 / 10 + x2 * (1.0 / 280 + x2 * (-1.0 / 15120 + x2 * (
+        1.0 / 1330560 + x2 * (-1.0 / 172972800 + x2 / 31135104000)))))
+    return np.where(small, series, closed)
+
+
+def _coverage(k: np.ndarray, pk: np.ndarray, R: np.ndarray, rtol: float) -> dict:
+    """The tail estimates of ``check_sigma_k_coverage`` for rows k, pk (M, K), R (M,) at once
+    (an ensemble checks every cosmology, redshift and spectrum: one numpy pass, not M calls)."""
+    lnk = np.log(k)
+    delta2 = k**3 * pk / _TWO_PI_SQ
+    ln_d2 = np.log(delta2)
+    R = np.asarray(R, dtype=float)[:, None]
+    # sigma^2 on the grid: trapezoid is plenty for an error estimate.
+    sigma2 = np.trapezoid(delta2 * _tophat_window_np(k * R) ** 2, lnk, axis=1)
+    s_lo, s_hi = _log_slopes(lnk, ln_d2, "low"), _log_slopes(lnk, ln_d2, "high")
+    R = R[:, 0]
+    target = 2.0 * rtol * sigma2  # allowed missing sigma^2
+    kR_hi = k[:, -1] * R
+    envelope_hi = np.where(kR_hi > 5, 4.5 / kR_hi**4, 1.0)
+    d_lo, d_hi, k_lo, k_hi = delta2[:, 0], delta2[:, -1], k[:, 0], k[:, -1]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        tail_lo = np.where(s_lo > 0, _TAIL_SAFETY * d_lo / s_lo, np.inf)
+        tail_hi = np.where(s_hi < 4.0, _TAIL_SAFETY * d_hi * envelope_hi / (4.0 - s_hi), np.inf)
+        need_lo = np.where(tail_lo <= target, k_lo, np.where(
+            s_lo > 0, k_lo * (target * s_lo / (_TAIL_SAFETY * d_lo)) ** (1.0 / s_lo), 0.0))
+        # Delta^2(K) 4.5/(K R)^4 / (4 - s) = target with Delta^2(K) = Delta^2(k_max) (K/k_max)^s
+        c = target * (4.0 - s_hi) / _TAIL_SAFETY * R**4 / (4.5 * d_hi * k_hi ** (-s_hi))
+        need_hi = np.where(tail_hi <= target, k_hi, np.where(
+            s_hi < 4.0, np.maximum(c ** (1.0 / (s_hi - 4.0)), 5.0 / R), np.inf))
+    return {"sigma2_estimate": sigma2, "missing_low_fraction": tail_lo / sigma2,
+            "missing_high_fraction": tail_hi / sigma2, "k_needed_min": need_lo,
+            "k_needed_max": need_hi, "ok": (tail_lo <= target) & (tail_hi <= target)}
+
+
+def _coverage_message(info: dict, i: int, k, R: float, rtol: float) -> str:
+    return (f"k grid [{k[0]:.3g}, {k[-1]:.3g}] 1/Mpc is too narrow for sigma(R={R:.4g} Mpc) to "
+            f"relative accuracy {rtol:g}: it needs k from <= {info['k_needed_min'][i]:.3g} to "
+            f">= {info['k_needed_max'][i]:.3g} 1/Mpc (estimated missing sigma^2 fractions: "
+            f"low-k {info['missing_low_fraction'][i]:.2g}, high-k "
+            f"{info['missing_high_fraction'][i]:.2g})")
+
+
+def _check_positive(k, pk):
+    if not np.all(np.isfinite(pk)) or not np.all(pk > 0):
+        bad = k[~(np.isfinite(pk) & (pk > 0))]
+        raise ValueError(f"P(k) must be finite and positive for sigma_R; bad at k = "
+                         f"{bad[:5].tolist()} 1/Mpc")
 
 
 def check_sigma_k_coverage(k, pk, R: float, rtol: float = 1e-4) -> dict:
@@ -226,43 +290,30 @@ def check_sigma_k_coverage(k, pk, R: float, rtol: float = 1e-4) -> dict:
     """
     k = np.asarray(k, dtype=float)
     pk = np.asarray(pk, dtype=float)
-    if not np.all(np.isfinite(pk)) or not np.all(pk > 0):
-        bad = k[~(np.isfinite(pk) & (pk > 0))]
-        raise ValueError(f"P(k) must be finite and positive for sigma_R; bad at k = {bad[:5].tolist()} 1/Mpc")
-    lnk = np.log(k)
-    delta2 = k**3 * pk / _TWO_PI_SQ
-    ln_d2 = np.log(delta2)
-    # sigma^2 on the grid: trapezoid is plenty for an error estimate.
-    w2 = np.asarray(tophat_window(k * R)) ** 2
-    sigma2 = float(np.trapezoid(delta2 * w2, lnk))
+    _check_positive(k, pk)
+    info = _coverage(k[None], pk[None], np.array([float(R)]), rtol)
+    if not info["ok"][0]:
+        raise KRangeError(_coverage_message(info, 0, k, float(R), rtol))
+    return {name: float(v[0]) for name, v in info.items() if name != "ok"}
 
-    s_lo = _log_slope(lnk, ln_d2, "low")
-    s_hi = _log_slope(lnk, ln_d2, "high")
-    target = 2.0 * rtol * sigma2  # allowed missing sigma^2
-    kR_hi = k[-1] * R
-    envelope_hi = 4.5 / kR_hi**4 if kR_hi > 5 else 1.0
 
-    tail_lo = _TAIL_SAFETY * delta2[0] / s_lo if s_lo > 0 else math.inf
-    tail_hi = _TAIL_SAFETY * delta2[-1] * envelope_hi / (4.0 - s_hi) if s_hi < 4.0 else math.inf
-
-    need_lo = k[0] if tail_lo <= target else (
-        k[0] * (target * s_lo / (_TAIL_SAFETY * delta2[0])) ** (1.0 / s_lo) if s_lo > 0 else 0.0)
-    if tail_hi <= target:
-        need_hi = k[-1]
-    elif s_hi < 4.0:
-        # Delta^2(K) 4.5/(K R)^4 / (4 - s) = target with Delta^2(K) = Delta^2(k_max) (K/k_max)^s
-        c = target * (4.0 - s_hi) / _TAIL_SAFETY * R**4 / (4.5 * delta2[-1] * k[-1] ** (-s_hi))
-        need_hi = max(c ** (1.0 / (s_hi - 4.0)), 5.0 / R)
-    else:
-        need_hi = math.inf
-    info = {"sigma2_estimate": sigma2, "missing_low_fraction": tail_lo / sigma2,
-            "missing_high_fraction": tail_hi / sigma2, "k_needed_min": need_lo, "k_needed_max": need_hi}
-    if tail_lo > target or tail_hi > target:
-        raise KRangeError(
-            f"k grid [{k[0]:.3g}, {k[-1]:.3g}] 1/Mpc is too narrow for sigma(R={R:.4g} Mpc) to "
-            f"relative accuracy {rtol:g}: it needs k from <= {need_lo:.3g} to >= {need_hi:.3g} 1/Mpc "
-            f"(estimated missing sigma^2 fractions: low-k {tail_lo / sigma2:.2g}, high-k {tail_hi / sigma2:.2g})")
-    return info
+def coverage_problems(k, pk, R, rtol: float = 1e-4) -> list:
+    """``check_sigma_k_coverage`` for many rows at once: k, pk (M, K), R (M,). Returns, per row,
+    None or the message of the KRangeError it would raise; rows whose P(k) is not finite and
+    positive are skipped (None): they fail elsewhere."""
+    k = np.asarray(k, dtype=float)
+    pk = np.asarray(pk, dtype=float)
+    R = np.asarray(R, dtype=float)
+    good = np.all(np.isfinite(pk) & (pk > 0), axis=1)
+    out = [None] * k.shape[0]
+    if not np.any(good):
+        return out
+    rows = np.flatnonzero(good)
+    info = _coverage(k[rows], pk[rows], R[rows], rtol)
+    for j, i in enumerate(rows):
+        if not info["ok"][j]:
+            out[i] = _coverage_message(info, j, k[i], float(R[i]), rtol)
+    return out
 
 
 # --------------------------------------------------------------------------- the spectra stage
@@ -274,7 +325,9 @@ class Spectra:
     (cdm + b + ncdm) and of cdm + b; sigma8, sigma8_cb: (C, Z), NaN where a mode of the cosmology
     failed or fewer than 5 wavenumbers were computed;
     problems: (cosmology, "d_m" | "d_cb", z, message) for every σ8 whose k range is too narrow
-    (``check_sigma_k_coverage``) or that could not be formed.
+    (``check_sigma_k_coverage``) or that could not be formed;
+    sigma8_k: (C, K') the wavenumbers σ8 integrated over when they extend ``k``
+    (``on_requested_k``), else None.
     """
 
     k: np.ndarray
@@ -284,6 +337,7 @@ class Spectra:
     sigma8: np.ndarray
     sigma8_cb: np.ndarray
     problems: list = field(default_factory=list)
+    sigma8_k: np.ndarray | None = None
 
     def problem(self, c: int, name: str, z: float) -> str | None:
         """The message of σ8's problem for cosmology c, "d_m" or "d_cb", redshift z (or None)."""
@@ -355,15 +409,44 @@ def compute_spectra(transfers, cosmos, *, check_coverage: bool = True) -> Spectr
                     for c in range(C) for name in ("d_m", "d_cb") for z in transfers.z]
     elif check_coverage:
         h = np.asarray(cosmos.h, np.float64)
+        Z = len(transfers.z)
+        keys = []
         for c in range(C):
             for iz, z in enumerate(transfers.z):
-                for name, key in (("d_m", "P_m"), ("d_cb", "P_cb")):
-                    pk = out[key][c, iz]
-                    if not np.all(np.isfinite(pk) & (pk > 0)):
-                        continue
-                    try:
-                        check_sigma_k_coverage(k[c], pk, 8.0 / h[c])
-                    except KRangeError as exc:
-                        problems.append((c, name, z, str(exc)))
+                keys += [(c, name, z, out[key][c, iz]) for name, key in (("d_m", "P_m"),
+                                                                          ("d_cb", "P_cb"))]
+        messages = coverage_problems(np.repeat(k, 2 * Z, axis=0),
+                                     np.stack([row[3] for row in keys]),
+                                     np.repeat(8.0 / h, 2 * Z))
+        problems = [(c, name, z, msg) for (c, name, z, _), msg in zip(keys, messages)
+                    if msg is not None]
     return Spectra(k=k, z=tuple(transfers.z), pk_m=out["P_m"], pk_cb=out["P_cb"],
                    sigma8=out["sigma8"], sigma8_cb=out["sigma8_cb"], problems=problems)
+
+
+def on_requested_k(transfers, spectra: Spectra, keep):
+    """(transfers, spectra) cut to the requested wavenumbers ``keep`` (indices into their k),
+    after σ8 was integrated over all of them (``boltzmann.modes.sigma8_grid`` added the rest).
+
+    A failed added mode leaves no trace in the cut transfers, so it is named in ``problems``
+    (σ8 of that cosmology is NaN).
+    """
+    keep = np.asarray(keep)
+    K = spectra.k.shape[1]
+    if keep.size == K:
+        return transfers, spectra
+    dropped = np.setdiff1d(np.arange(K), keep)
+    problems = list(spectra.problems)
+    for c, i in zip(*np.nonzero(np.asarray(transfers.status)[:, dropped] != 0)):
+        message = (f"the mode k = {spectra.k[c, dropped[i]]:.4g} 1/Mpc, added to the requested "
+                   f"k range for sigma8, failed (solver status {transfers.status[c, dropped[i]]})")
+        problems += [(int(c), name, z, message) for name in ("d_m", "d_cb") for z in spectra.z]
+    cut = dataclasses.replace(
+        transfers, k=transfers.k[:, keep],
+        k_h=None if transfers.k_h is None else transfers.k_h[keep],
+        fields={name: v[..., keep] for name, v in transfers.fields.items()},
+        status=transfers.status[:, keep], n_accepted=transfers.n_accepted[:, keep],
+        n_rejected=transfers.n_rejected[:, keep])
+    return cut, dataclasses.replace(spectra, k=spectra.k[:, keep], pk_m=spectra.pk_m[..., keep],
+                                    pk_cb=spectra.pk_cb[..., keep], problems=problems,
+                                    sigma8_k=spectra.k)

@@ -24,7 +24,9 @@ The RHS is emitted as straight-line Python over scalars: ``y[<int>]`` and ``p[<i
 loop over l and q unrolled by the emitters, math through the alias ``M`` (jax.numpy under JAX,
 ``math`` in the CUDA device functions) and table reads through ``T.cell``/``T.row``
 (models.tables).  This text is the single source of the model: the JAX rhs, the device functions,
-the table split, the solver's sparsity and the observables are all compiled or derived from it.
+the table split, the solver's sparsity, the Jacobian (models/linear_jacobian.py: the rhs is
+linear in y, so J is its coefficient matrix, written out as straight-line code) and the
+observables are all compiled or derived from it.
 ``observables`` (CLASS 'class'-format transfer quantities) reuses the rhs's intermediates, so the
 two cannot disagree.
 
@@ -39,6 +41,7 @@ differentiate array reads.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
 
@@ -47,6 +50,7 @@ import numpy as np
 
 from . import tables as _tables
 from .codegen import Emitter, compile_source
+from .linear_jacobian import build_linear_jacobian
 from .species.background import Background
 from .species.baryons_cdm import BaryonsCdm
 from .species.base import Derivatives, Layout, Observables, Sources
@@ -84,6 +88,9 @@ class EBModel:
     table_split: object = field(default=None, repr=False, compare=False)
     #: dark energy linearised at Λ for derivatives (see build_eb_model, de_at_lambda)
     de_at_lambda: bool = False
+    #: J = ∂rhs/∂y derived from the linear source (models.linear_jacobian.LinearJacobian); also
+    #: attached to the rhs as ``rhs.linear_jacobian``
+    linear_jacobian: object = field(default=None, repr=False, compare=False)
 
     def index(self, name: str) -> int:
         """Position of a state variable by name (ValueError if absent)."""
@@ -260,10 +267,13 @@ def _compose(em: Emitters, model_args) -> EBModel:
     rhs, observables = _compile(source, jnp, None)
     split = table_split(body[:tab_start], reads, body[tab_end:], ret)
     rhs.table_split = split  # the protocol a solver looks for (models.tables.TableSplit)
+    jacobian = build_linear_jacobian(rhs_src, split.device_source,
+                                     {"M": jnp, "T": _tables.JAX_TABLE_OPS}, {"M": math})
+    rhs.linear_jacobian = jacobian  # J without sweeps (models.linear_jacobian.LinearJacobian)
     return EBModel(source=source, rhs=rhs, observables_fn=observables, n=len(names),
                    state_names=tuple(names), param_names=tuple(pnames),
                    table_columns=TABLE_COLUMNS, radiation_indices=radiation,
-                   table_split=split, **model_args)
+                   table_split=split, linear_jacobian=jacobian, **model_args)
 
 
 def rhs_source_only(model: EBModel) -> str:

@@ -235,6 +235,16 @@ def _vdp_params(N, seed=0):
     return np.column_stack([rng.uniform(3.0, 10.0, N), rng.uniform(0.1, 3.0, N)])
 
 
+#: the solver backend objects of this run, by name (``main`` fills it from the environment's
+#: settings, so the CUDA kernels come from and go to the persistent cache like the CLI's)
+SOLVER_BACKENDS: dict = {}
+
+
+def solver_backend(name):
+    """The backend object for a backend name (the name itself where none was configured)."""
+    return SOLVER_BACKENDS.get(name, name)
+
+
 def _vdp_call(backend, prob, N):
     from solver import solve
 
@@ -243,7 +253,7 @@ def _vdp_call(backend, prob, N):
     ts = np.array([0.0, VDP_T_END])
     if backend in ("jax", "cuda"):
         def call():
-            sol = solve(prob.rhs, y0, ts, params, rtol=VDP_TOL, atol=VDP_TOL, backend=backend)
+            sol = solve(prob.rhs, y0, ts, params, rtol=VDP_TOL, atol=VDP_TOL, backend=solver_backend(backend))
             ys = sol.ys
             if isinstance(ys, jax.Array):
                 ys.block_until_ready()
@@ -447,7 +457,7 @@ def _eb_call(backend, cfg, cosmos, check_coverage=False):
     from boltzmann import ensemble
 
     def call():
-        return ensemble.run_ensemble(cosmos, cfg.precision, cfg.output, backend=backend,
+        return ensemble.run_ensemble(cosmos, cfg.precision, cfg.output, backend=solver_backend(backend),
                                      check_sigma8_coverage=check_coverage)
     return call
 
@@ -632,7 +642,7 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
     from boltzmann.gradients import PowerSpectrumFunction
 
     try:
-        fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=backend,
+        fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=solver_backend(backend),
                                    sensitivity_error_control=sec)
 
         def value():
@@ -686,7 +696,7 @@ def _slowest_thread(fn, backend, sec) -> dict | None:
 
     prob = fn.sensitivity_problem()
     prob.pop("observables")
-    _, _, info = joint_solve(**prob, backend=backend, sensitivity_error_control=sec)
+    _, _, info = joint_solve(**prob, backend=solver_backend(backend), sensitivity_error_control=sec)
     return launch_note(info, list(fn.parameters), fn.k)
 
 
@@ -797,6 +807,12 @@ def main(argv=None):
         args.cosmologies = [1, 2] if args.quick else [1, 16, 128, 1024]
     report = Report(args.out)
     budget = Budget(args.budget, args.row_limit)
+    from boltzmann.runtime import Settings, backend_for, configure
+
+    settings = Settings.from_environment()
+    configure(settings)  # float64, JAX's persistent compilation cache
+    if "cuda" in args.backends:
+        SOLVER_BACKENDS["cuda"] = backend_for("cuda", settings)
     work: dict = {}
     report.data["args"] = {k: v for k, v in vars(args).items()}
     report.data["work"] = work

@@ -157,7 +157,8 @@ def emulate_plain(rhs, inp, args, sparsity, max_steps, controller, tableau, modu
                    inp["rtol"], inp["atol"], inp["weights"], inp["h0"], inp["n_weighted"], ys,
                    t_out, st, nacc, nrej, N)
     return kernel_solution(ys, t_out, st, nacc, nrej, "cuda-emulated",
-                           {"jacobian_colors": int(plan.jac_plan.n_colors),
+                           {"jacobian_colors": plan.jacobian_colors,
+                            "jacobian": plan.jacobian_kind,
                             "table_values": plan.spec.n_tv})
 
 

@@ -116,7 +116,8 @@ class FfiLauncher:
         plan = kern.plan
         registered_now = self.stats["kernels_registered"] > regs
         info = {"linear_solver": "sparse", "launch": "xla-ffi",
-                "jacobian_colors": int(plan.jac_plan.n_colors),
+                "jacobian_colors": plan.jacobian_colors,
+                "jacobian": plan.jacobian_kind,
                 "lu_slots": int(plan.linear.nslots), "kernel_seconds": elapsed,
                 # this call compiled the kernel (numba-cuda-mlir + Enzyme + link) / only loaded
                 # it from the on-disk kernel cache; kernel_seconds includes that time

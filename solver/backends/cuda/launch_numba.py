@@ -43,7 +43,8 @@ def solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau, module
     elapsed = time.perf_counter() - t_launch
     if first:
         plan.compile_s = elapsed  # compile + first run
-    info = {"linear_solver": "sparse", "jacobian_colors": int(plan.jac_plan.n_colors),
+    info = {"linear_solver": "sparse", "jacobian_colors": plan.jacobian_colors,
+            "jacobian": plan.jacobian_kind,
             "lu_slots": int(plan.linear.nslots), "kernel_seconds": elapsed,
             "first_call_includes_compile": first, "host_setup_seconds": plan.host_setup_s,
             "kernel_module": plan.module_path, "table_values": plan.spec.n_tv, "launch": "numba",

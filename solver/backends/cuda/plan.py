@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from ...caches import Cache
+from ...linalg.direct import build_direct_jacobian, declared_pattern, direct_jacobian_of
 from ...linalg.jacobian import build_jacobian_plan
 from ...linalg.linear import build_linear_solver
 from ...linalg.sparsity import solver_pattern
@@ -49,6 +50,11 @@ def _jit_module(mod, plain_plan, second_order: bool, device_names, kernel_names)
     return cuda, tuple(cuda.jit(getattr(mod, name)) for name in kernel_names)
 
 
+def _direct_names(spec) -> tuple:
+    """The device function of a declared Jacobian, when the kernel text has one."""
+    return ("jac_entries",) if spec.direct_source else ()
+
+
 class Plan:
     """Structure, LU, colouring, kernel source and (lazily) the compiled kernel for one RHS."""
 
@@ -58,6 +64,13 @@ class Plan:
         self.rhs, self.n, self.n_params, self.has_args = rhs, n, n_params, has_args
         self.split = table_split_of(rhs, args_example) if has_args else None
         self.split_checked = False
+        # a declared Jacobian (solver.linalg.direct) replaces the Enzyme colour sweeps; the
+        # kernel needs its device flavour on the table-free core
+        lj = direct_jacobian_of(rhs) if self.split is not None else None
+        if lj is not None and not getattr(lj, "device_source", ""):
+            lj = None
+        if lj is not None and sparsity is None:
+            sparsity = declared_pattern(lj, n)
         self.pattern = pattern = solver_pattern(rhs, n, n_params, sparsity,
                                                 args_example if has_args else None)
         self.linear = build_linear_solver(pattern, method="sparse")
@@ -65,10 +78,20 @@ class Plan:
             raise NotImplementedError(
                 f"pattern too large for the straight-line LU ({self.linear.method}); the CUDA "
                 "kernel has no table-driven LU yet")
-        self.jac_plan = build_jacobian_plan(pattern, self.linear)
-        self.spec = build_spec(n, max(n_params, 1), has_args, max_steps, self.linear,
-                               self.jac_plan, tab, ctrl,
-                               n_tv=int(self.split.n_tv) if self.split is not None else 0)
+        n_tv = int(self.split.n_tv) if self.split is not None else 0
+        if lj is not None:
+            placed = build_direct_jacobian(lj, self.linear.slot_rows, self.linear.slot_cols)
+            self.jac_plan = None
+            self.spec = build_spec(n, max(n_params, 1), has_args, max_steps, self.linear, None,
+                                   tab, ctrl, n_tv=n_tv,
+                                   direct=(lj.device_source, placed.entry_slots))
+        else:
+            self.jac_plan = build_jacobian_plan(pattern, self.linear)
+            self.spec = build_spec(n, max(n_params, 1), has_args, max_steps, self.linear,
+                                   self.jac_plan, tab, ctrl, n_tv=n_tv)
+        #: "direct" (the rhs's declared J, one Enzyme sweep in t) or "colored" (a sweep a colour)
+        self.jacobian_kind = "direct" if lj is not None else "colored"
+        self.jacobian_colors = 0 if lj is not None else int(self.jac_plan.n_colors)
         self.source = generate_kernel_source(self.spec)
         self.host_setup_s = time.perf_counter() - t_start
         self._kernel = None
@@ -87,13 +110,13 @@ class Plan:
             self._cuda, (self._kernel, self._jac_kernel) = _jit_module(
                 self.module("gpu", module_dir), self, False,
                 ("_nmax", "_nmin", "_isfin", "wrms", "f_eval", "jac_eval", "lu_factor",
-                 "lu_solve"), ("kernel", "jac_kernel"))
+                 "lu_solve") + _direct_names(self.spec), ("kernel", "jac_kernel"))
         return self._kernel
 
     def jacobian(self, y, t, params, args=None):
         """(f, J in slot layout, df/dt) at points (N, n), (N,), (N, P) through the GPU's device
-        functions (the Enzyme colour sweeps; with tables df/dt includes the chain rule through
-        them): for tests against jax.jacfwd.  ``args``: the tables, if the plan has them."""
+        functions (the declared Jacobian or the Enzyme colour sweeps; with tables df/dt includes
+        the chain rule through them): for tests against jax.jacfwd.  ``args``: the tables, if the plan has them."""
         if (args is None) != (not self.has_args):
             raise ValueError("jacobian: give args exactly when the plan was built with args")
         self.kernel()
@@ -158,7 +181,8 @@ class SensPlan:
             self._cuda, (self._kernel, self._probe_kernel) = _jit_module(
                 self.module("gpu", module_dir), self.plain, True,
                 ("_nmax", "_nmin", "_isfin", "f_eval", "jac_eval", "lu_factor", "lu_solve",
-                 "wsq", "wrms_joint", "tan_eval", "hess_eval", "tan_dt_eval"),
+                 "wsq", "wrms_joint", "tan_eval", "hess_eval", "tan_dt_eval")
+                + _direct_names(self.plain.spec),
                 ("sens_kernel", "sens_probe_kernel"))
         return self._kernel
 

@@ -36,6 +36,7 @@ class JaxBackend(Backend):
                         n_accepted=np.asarray(res.n_accepted),
                         n_rejected=np.asarray(res.n_rejected), backend=self.name,
                         info={"linear_solver": plan.linear.method,
+                              "jacobian": plan.jacobian,
                               "jacobian_colors": int(plan.n_colors)})
 
     def check_sensitivities(self, spec) -> None:

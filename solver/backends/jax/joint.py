@@ -14,6 +14,13 @@ W into a poor approximation on bilinear problems, and the step count explodes
 (tests/test_sensitivity.py). The joint W is block lower-triangular with W0 = I/(hγ) − J on every
 diagonal block, so it is solved staggered (``build_block_triangular_solver``: W0 factored once)
 and the Jacobian is swept over the y columns only.
+
+An rhs that declares its Jacobian (``rhs.linear_jacobian``, solver.linalg.direct) is linear in y,
+so ∂s_d'/∂y = H_d = (∂J/∂θ)·θ̇_d is the derivative of J's declared entries along the direction:
+the joint plan then takes J from the entries, every H_d by one forward sweep of the entries
+function in (p, args), and f and ∂f/∂t of the joint rhs by one sweep in t -- no colour sweeps of
+the forward-over-forward joint rhs, whose compiled program is what made a CPU Jacobian of the EB
+model take tens of minutes and gigabytes to compile.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...caches import Cache
+from ...linalg.direct import build_direct_jacobian, declared_pattern, direct_jacobian_of
 from ...linalg.linear import build_block_triangular_solver
 from ...linalg.sparsity import detect_sparsity
 from .plan import JaxPlan, abstract_args, get_plan
@@ -83,6 +91,46 @@ def _make_aug(spec, m, mask, jacobian):
     return aug
 
 
+def _declared(spec):
+    """The rhs's declared Jacobian when the joint plan may use it (exact Jacobian only)."""
+    return direct_jacobian_of(spec.rhs) if spec.jacobian == "exact" else None
+
+
+def _direct_joint_builder(spec, m, mask, lj, base_linear, coupling):
+    """jac_builder for JaxPlan: the joint slots [W0's J | per direction: 0 on the diagonal, H_d
+    on the coupling pattern] from the declared entries and their directional derivatives."""
+    n, P = spec.n, spec.P
+    treedef, arg_idx = spec.treedef, mask[2]
+    placed = build_direct_jacobian(lj, base_linear.slot_rows, base_linear.slot_cols)
+    cr, cc = np.nonzero(coupling)
+    entry = {(int(r), int(c)): e for e, (r, c) in enumerate(zip(lj.rows, lj.cols))}
+    coupling_entries = np.array([entry[(int(r), int(c))] for r, c in zip(cr, cc)], np.int64)
+
+    def build(f, linear):
+        def jac(z, t, q, A):
+            f_val, dfdt = jax.jvp(lambda t_: f(z, t_, q, A), (t,), (jnp.ones_like(t),))
+            args_leaves, dargs = A
+            p, dP = q[:P], q[P:].reshape(m, P)
+
+            def entries(p_, ad_):
+                leaves = list(args_leaves)
+                for i, v in zip(arg_idx, ad_):
+                    leaves[i] = v
+                args = jax.tree_util.tree_unflatten(treedef, leaves) if spec.has_args else None
+                vals = lj.values(t, p_, args) if spec.has_args else lj.values(t, p_)
+                return jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(v, z.dtype) for v in vals]))
+
+            ad0 = tuple(args_leaves[i] for i in arg_idx)
+            j_vals = entries(p, ad0)
+            h_vals = jax.vmap(lambda dp, da: jax.jvp(entries, (p, ad0), (dp, da))[1])(
+                dP, tuple(dargs))
+            blocks = jnp.concatenate([jnp.zeros((m, n), z.dtype), h_vals[:, coupling_entries]],
+                                     axis=1)
+            return f_val, jnp.concatenate([placed.to_slots(j_vals), blocks.reshape(-1)]), dfdt
+        return jac
+    return build
+
+
 def _aug_pattern(spec, mask, base_pattern, args_example, jacobian, stats):
     """Pattern of the m-direction joint Jacobian from the one-direction coupling block.
 
@@ -92,8 +140,12 @@ def _aug_pattern(spec, mask, base_pattern, args_example, jacobian, stats):
     def build():
         n = spec.n
         t0 = time.perf_counter()
+        lj = _declared(spec)
         if jacobian == "block_diagonal":
             coupling = np.zeros((n, n), bool)
+        elif lj is not None:
+            # H_d = (∂J/∂θ)·θ̇_d has at most J's declared entries
+            coupling = declared_pattern(lj, n) & base_pattern
         else:
             aug1 = _make_aug(spec, 1, mask, jacobian)
             A1 = _aug_args(spec, args_example, mask, 1)
@@ -134,11 +186,14 @@ def _joint_plan(spec, m, mask, args, stats):
         # substitute (staggered, as the CUDA kernel does); J and the couplings H_d come from
         # sweeps over y alone
         linear = build_block_triangular_solver(plain.linear, coupling, m)
+        lj = _declared(spec)
+        builder = None if lj is None else _direct_joint_builder(spec, m, mask, lj, plain.linear,
+                                                                coupling)
         with jax.ensure_compile_time_eval():
             plan = JaxPlan(aug, spec.n * (1 + m), spec.P * (1 + m), True,
                            _aug_args(spec, args, mask, m), pattern, spec.linear_solver,
                            spec.tableau, spec.ctrl, spec.max_steps, linear=linear,
-                           seed_columns=np.arange(spec.n))
+                           seed_columns=np.arange(spec.n), jac_builder=builder)
         stats["joint_plans"] += 1
         return plan
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...caches import Cache
+from ...linalg.direct import build_direct_jacobian, declared_pattern, direct_jacobian_of
 from ...linalg.jacobian import build_jacobian_plan
 from ...linalg.linear import build_linear_solver
 from ...linalg.sparsity import solver_pattern
@@ -26,7 +27,7 @@ class JaxPlan:
     """Everything derived once from (rhs, n, n_params, options): structure, LU, jitted solve."""
 
     def __init__(self, rhs, n, n_params, has_args, args_example, sparsity, linear_solver, tab,
-                 ctrl, max_steps, *, linear=None, seed_columns=None):
+                 ctrl, max_steps, *, linear=None, seed_columns=None, jac_builder=None):
         self.n = n
         if has_args:
             def f(y, t, p, args):
@@ -35,18 +36,32 @@ class JaxPlan:
             def f(y, t, p, args):
                 return jnp.stack(jnp.broadcast_arrays(*rhs(y, t, p)))
         self.f = f
+        # a plain solve of an rhs that declares its Jacobian evaluates it directly; the joint
+        # sensitivity system (seed_columns) is not linear-declared and keeps the sweeps
+        lj = direct_jacobian_of(rhs) if seed_columns is None and linear is None else None
+        if lj is not None and sparsity is None:
+            sparsity = declared_pattern(lj, n)
         self.pattern = pattern = solver_pattern(rhs, n, n_params, sparsity,
                                                 args_example if has_args else None)
         # linear / seed_columns: a prebuilt solver for a structured W and the columns J is
-        # taken over (the forward-sensitivity solve's block-triangular system, joint.py)
+        # taken over (the forward-sensitivity solve's block-triangular system, joint.py);
+        # jac_builder(f, linear) -> jac: J's slots computed by the caller instead of sweeps
         self.linear = linear if linear is not None else build_linear_solver(pattern,
                                                                             method=linear_solver)
         jac_pattern = pattern
         if seed_columns is not None:
             jac_pattern = np.zeros_like(pattern)
             jac_pattern[:, seed_columns] = pattern[:, seed_columns]
-        self.jac, self.n_colors = _make_jacobian(rhs, has_args, jac_pattern, self.linear,
-                                                 seed_columns)
+        if jac_builder is not None:
+            # a caller that knows J's structure (the joint system of a declared Jacobian)
+            self.jac, self.n_colors, lj = jac_builder(f, self.linear), 0, True
+        elif lj is not None:
+            self.jac, self.n_colors = _direct_jacobian(f, lj, has_args, self.linear), 0
+        else:
+            self.jac, self.n_colors = _make_jacobian(rhs, has_args, jac_pattern, self.linear,
+                                                     seed_columns)
+        #: "direct" (the rhs's declared J and one sweep in t) or "colored" (one sweep per colour)
+        self.jacobian = "direct" if lj is not None else "colored"
         self.run = jax.jit(make_ensemble_solver(f, self.jac, self.linear, tab, ctrl, max_steps))
 
 
@@ -61,6 +76,19 @@ def _make_jacobian(rhs, has_args, pattern, linear, seed_columns=None):
         def jac(y, t, p, args):
             return plan.f_jac_and_dfdt(rhs, y, t, p)
     return jac, plan.n_colors
+
+
+def _direct_jacobian(f, lj, has_args, linear):
+    """f, J (slot layout) and ∂f/∂t: J from the rhs's declared entries, f and ∂f/∂t from one
+    forward sweep in t."""
+    placed = build_direct_jacobian(lj, linear.slot_rows, linear.slot_cols)
+
+    def jac(y, t, p, args):
+        f_val, dfdt = jax.jvp(lambda t_: f(y, t_, p, args), (t,), (jnp.ones_like(t),))
+        entries = lj.values(t, p, args) if has_args else lj.values(t, p)
+        values = jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(v, y.dtype) for v in entries]))
+        return f_val, placed.to_slots(values), dfdt
+    return jac
 
 
 def abstract_args(args):

@@ -81,7 +81,10 @@ def emit_helpers(spec: KernelSpec) -> list[str]:
         "    return math.sqrt(acc / nw)",
         "",
     ]
-    # --- Jacobian: colour sweeps + the time sweep, chunks of MAX_DIRECTIONS per jvp call
+    # --- Jacobian: colour sweeps + the time sweep, chunks of MAX_DIRECTIONS per jvp call; with
+    # a declared Jacobian the time sweep alone, the entries written by jac_entries
+    if spec.direct_source:
+        L += ["M = math", ""] + spec.direct_source.splitlines() + [""]
     dirs = [("color", c) for c in range(spec.n_colors)] + [("time", None)]
     chunks = [dirs[i:i + MAX_DIRECTIONS] for i in range(0, len(dirs), MAX_DIRECTIONS)]
     colors = np.asarray(spec.colors)
@@ -129,6 +132,11 @@ def emit_helpers(spec: KernelSpec) -> list[str]:
 
     for s, c, row in spec.jac_slots:
         L.append(f"    jv[{s}] = {tref(('color', c), row)}")
+    if spec.direct_source:
+        # slots no entry fills (LU fill, an untouched diagonal) are read as zeros
+        covered = set(spec.direct_slots)
+        L += [f"    jv[{s}] = 0.0" for s in range(spec.nslots) if s not in covered]
+        L.append("    jac_entries(t, p, tv, jv)" if T else "    jac_entries(t, p, jv)")
     for q in range(n):
         L.append(f"    dfdt[{q}] = {tref(('time', None), q)}")
     L.append("")

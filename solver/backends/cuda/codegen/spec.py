@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["KernelSpec", "build_spec", "check_spec", "lu_source_to_out_form", "lit",
+           "entries_to_out_form",
            "MAX_DIRECTIONS", "KERNEL_ARGS", "SENS_KERNEL_ARGS"]
 
 #: numba-enzyme-cuda accepts at most this many direction sets in one ``jvp`` call.
@@ -50,6 +51,10 @@ class KernelSpec:
     tableau: object
     controller: object
     n_tv: int = 0            # > 0: args are tables read through a TableSplit (``cuda.tables``)
+    #: the rhs's declared Jacobian (solver.linalg.direct) as ``jac_entries(t, p, tv, out)``
+    #: writing straight into the LU slots; "" = colour sweeps (``colors``, ``jac_slots``)
+    direct_source: str = ""
+    direct_slots: tuple = ()  # the slot of each declared entry
 
 
 def lit(x) -> str:
@@ -95,11 +100,55 @@ def check_spec(spec: KernelSpec) -> None:
                          "Enzyme's CUDA jvp cannot take an array argument")
 
 
+class _EntriesOutForm(ast.NodeTransformer):
+    """``def f(a, b): ... return (v0, v1, ...)`` -> ``def name(a, b, out): ... out[s_e] = v_e``."""
+
+    def __init__(self, name, slots):
+        self.name, self.slots = name, slots
+
+    def visit_FunctionDef(self, node):
+        node.name = self.name
+        node.args.args.append(ast.arg(arg="out"))
+        node.body = [st for st in node.body
+                     if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
+        self.generic_visit(node)
+        return node
+
+    def visit_Return(self, node):
+        elts = node.value.elts if isinstance(node.value, ast.Tuple) else None
+        if elts is None or len(elts) != len(self.slots):
+            raise ValueError(f"declared Jacobian source: expected a tuple of {len(self.slots)} "
+                             "entries")
+        return [ast.Assign(targets=[ast.Subscript(value=ast.Name("out", ast.Load()),
+                                                  slice=ast.Constant(int(s)), ctx=ast.Store())],
+                           value=v, lineno=0) for s, v in zip(self.slots, elts)]
+
+
+def entries_to_out_form(source: str, slots, name: str = "jac_entries") -> str:
+    """The one function in ``source`` (returning a tuple of Jacobian entries) rewritten to store
+    entry e in ``out[slots[e]]`` -- the declared Jacobian written straight into the LU slots."""
+    tree = ast.parse(source)
+    fns = [f for f in tree.body if isinstance(f, ast.FunctionDef)]
+    if len(fns) != 1:
+        raise ValueError("declared Jacobian source must define exactly one function")
+    tree.body = [_EntriesOutForm(name, tuple(slots)).visit(fns[0])]
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
 def build_spec(n, n_params, has_args, max_steps, linear, jac_plan, tableau, controller,
-               n_tv: int = 0) -> KernelSpec:
-    """KernelSpec from a sparse :class:`LinearSolver` and a :class:`JacobianPlan` on its slots."""
+               n_tv: int = 0, direct=None) -> KernelSpec:
+    """KernelSpec from a sparse :class:`LinearSolver` and either a :class:`JacobianPlan` on its
+    slots or ``direct`` = (declared Jacobian device source, slot of each entry)."""
     if linear.source is None:
         raise ValueError("the CUDA kernel needs the straight-line sparse LU (LinearSolver.source)")
+    if direct is not None:
+        source, slots = direct
+        return KernelSpec(n=n, n_params=n_params, has_args=has_args, max_steps=int(max_steps),
+                          lu_source=linear.source, nslots=int(linear.nslots),
+                          diag_slots=tuple(int(d) for d in linear.diag_slots), colors=(),
+                          n_colors=0, jac_slots=(), tableau=tableau, controller=controller,
+                          n_tv=int(n_tv), direct_source=entries_to_out_form(source, slots),
+                          direct_slots=tuple(int(x) for x in slots))
     gi = np.asarray(jac_plan.gather_index)
     nc = jac_plan.n_colors
     slots = tuple((int(s), int(g // n), int(g % n)) for s, g in enumerate(gi) if g < nc * n)

@@ -1,0 +1,129 @@
+#!/usr/bin/env python
+"""The declared Jacobian against colour sweeps, side by side in one process.
+
+The EB rhs declares its Jacobian (``rhs.linear_jacobian``, derived from the linear source by
+models/linear_jacobian.py); the solver then evaluates J's entries directly and sweeps only in t.
+This script runs the same ΛCDM ensemble twice through the stage entries (tables → perturbations →
+spectra), once with the model as it is ("direct") and once with an rhs that hides the declaration
+("colored": one forward sweep per colour of the pattern, plus the t sweep), and prints for each:
+the first call (compilation included), the warm wall time (median of ``--repeats``), the solve's
+share, steps per mode, and the largest relative P(k) difference between the two.
+
+    python scripts/bench_jacobian_kinds.py --backend cuda --cosmologies 1 256 --out DIR
+    python scripts/bench_jacobian_kinds.py --backend jax --cosmologies 1 --k-per-decade 4  # CPU
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("JAX_ENABLE_X64", "1")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+from boltzmann import modes  # noqa: E402
+from boltzmann.ensemble import fiducial_ensemble, stack_cosmologies  # noqa: E402
+from boltzmann.params import load_config  # noqa: E402
+from boltzmann.perturbations import compute_perturbations  # noqa: E402
+from boltzmann.runtime import Settings, backend_for, configure  # noqa: E402
+from boltzmann.spectra import compute_spectra  # noqa: E402
+from boltzmann.tables import compute_tables  # noqa: E402
+
+
+def colored(model):
+    """The same model with an rhs that does not declare its Jacobian (the table split stays, so
+    the CUDA backend can still read the tables)."""
+    inner = model.rhs
+
+    def rhs(y, x, p, tab):
+        return inner(y, x, p, tab)
+
+    rhs.table_split = inner.table_split
+    return dataclasses.replace(model, rhs=rhs)
+
+
+def run_stages(cosmologies, cfg, model, backend):
+    stacked = stack_cosmologies(cosmologies)
+    grid = modes.make_grid(cfg.precision)
+    t0 = time.perf_counter()
+    tables = compute_tables(stacked, grid, model)
+    k = np.stack([np.asarray(cfg.output.k_grid(float(c.h)), np.float64) for c in cosmologies])
+    k_h = cfg.output.k_grid(1.0) if cfg.output.k_values is None else None
+    tr = compute_perturbations(tables, stacked, k, cfg.output.z, cfg.precision, model, k_h=k_h,
+                               backend=backend)
+    sp = compute_spectra(tr, stacked)
+    return time.perf_counter() - t0, tr, sp
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="lcdm")
+    ap.add_argument("--backend", default="cuda", choices=("cuda", "jax"))
+    ap.add_argument("--cosmologies", type=int, nargs="+", default=[1, 256])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--k-per-decade", type=int, default=None,
+                    help="override the config's k sampling (a quick CPU run)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    settings = Settings.from_environment()
+    configure(settings)  # float64 and the persistent caches, as the CLI
+    backend = backend_for(args.backend, settings)
+    cfg = load_config(args.config)
+    if args.k_per_decade:
+        cfg = dataclasses.replace(cfg, output=dataclasses.replace(
+            cfg.output, k_per_decade=args.k_per_decade))
+    base = modes.model_for(cfg.cosmology, cfg.precision)
+    models = {"direct": base, "colored": colored(base)}
+    machine = os.environ.get("BENCH_MACHINE", platform.node())
+    date = datetime.date.today().isoformat()
+    command = "python scripts/bench_jacobian_kinds.py " + " ".join(argv or sys.argv[1:])
+    rows, pk = [], {}
+    for kind, model in models.items():
+        for C in args.cosmologies:
+            cosmos = fiducial_ensemble(C, cfg)
+            first, _, _ = run_stages(cosmos, cfg, model, backend)
+            walls, solves = [], []
+            for _ in range(args.repeats):
+                wall, tr, sp = run_stages(cosmos, cfg, model, backend)
+                walls.append(wall)
+                solves.append(tr.timings["solve"])
+            pk[(kind, C)] = np.asarray(sp.pk_m)
+            steps = np.asarray(tr.n_accepted)
+            row = {"kind": kind, "cosmologies": C, "first_s": first,
+                   "warm_s": statistics.median(walls), "solve_s": statistics.median(solves),
+                   "steps_median": float(np.median(steps)), "steps_max": int(steps.max()),
+                   "jacobian": tr.solver_info.get("jacobian"), "failed": int(np.sum(
+                       np.asarray(tr.status) != 0))}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    lines = [f"Machine: {machine}; date {date}; command `{command}`; backend {args.backend}.", "",
+             "| Jacobian | cosmologies | first call [s] | warm [s] | solve [s] | steps median / max"
+             " | failed modes | max \\|P_m ratio − 1\\| vs direct |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ref = pk[("direct", r["cosmologies"])]
+        diff = float(np.nanmax(np.abs(pk[(r["kind"], r["cosmologies"])] / ref - 1.0)))
+        lines.append(f"| {r['kind']} ({r['jacobian']}) | {r['cosmologies']} | {r['first_s']:.1f} "
+                     f"| {r['warm_s']:.3f} | {r['solve_s']:.3f} | {r['steps_median']:.0f} / "
+                     f"{r['steps_max']} | {r['failed']} | {diff:.1e} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "jacobian_kinds.json"), "w") as f:
+            json.dump({"machine": machine, "date": date, "command": command, "rows": rows}, f,
+                      indent=1)
+        with open(os.path.join(args.out, "jacobian_kinds.md"), "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
