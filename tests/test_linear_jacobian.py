@@ -96,3 +96,37 @@ def test_affine_terms_and_intermediates():
     got = scope["jacobian"](0.5, [4.0, 1.5])
     assert got == pytest.approx((-4.0, 0.5, 1.0), rel=1e-15)
 
+
+@pytest.mark.slow  # two joint solves: 1.5-5 min on the 2-core CI machine; the gradient tests
+# run the same joint plan against finite differences in the default suite
+def test_joint_solve_with_declared_jacobian_matches_colour_sweeps(eb_massive):
+    """Forward sensitivities of the EB model in parameters and tables: the joint plan built from
+    the declared Jacobian (H_d as the directional derivative of J's entries) against the colour
+    sweeps of the forward-over-forward joint rhs (the same rhs with the declaration hidden)."""
+    from solver import joint_solve
+
+    model, table, params, x0, y0, w = eb_massive
+    inner = model.rhs
+
+    def hidden(y, x, p, tab):
+        return inner(y, x, p, tab)
+
+    rng = np.random.default_rng(5)
+    m = 2
+    dparams = np.zeros((m,) + params.shape)
+    dparams[0, :, 4:8] = params[:, 4:8] * rng.normal(size=4)      # the densities
+    dtab = np.zeros((m,) + table.shape)
+    dtab[1] = 1e-2 * table                                          # a smooth table direction
+    xs = np.linspace(float(x0.max()), -2.0, 3)
+    kw = dict(args=jnp.asarray(table), t0=x0, rtol=1e-5, atol=1e-9, error_weights=w,
+              dparams=dparams, dargs=dtab)
+    ys_a, dys_a, info_a = joint_solve(model.rhs, y0, xs, params, **kw)
+    ys_b, dys_b, info_b = joint_solve(hidden, y0, xs, params, **kw)
+    assert np.all(np.asarray(info_a["status"]) == 0) and np.all(np.asarray(info_b["status"]) == 0)
+    steps_a, steps_b = np.asarray(info_a["n_accepted"]), np.asarray(info_b["n_accepted"])
+    assert np.all(np.abs(steps_a - steps_b) <= 0.05 * steps_b + 2), (steps_a, steps_b)
+    ctrl = w > 0
+    for a, b in ((ys_a, ys_b), (dys_a, dys_b)):
+        a, b = np.asarray(a)[..., ctrl], np.asarray(b)[..., ctrl]
+        scale = np.abs(b).max(axis=-1, keepdims=True) + 1e-30
+        assert np.max(np.abs(a - b) / scale) < 1e-4

@@ -184,6 +184,78 @@ def _emit_step_matrix(spec: KernelSpec, nm: _Names) -> list[str]:
     return L
 
 
+def _emit_stage_tables(spec: KernelSpec) -> list[str]:
+    """The tableau as local arrays (a, C row-major S x S; c, d), for the rolled stage loop."""
+    tab, S = spec.tableau, spec.tableau.stages
+    L = [f"    ta = cuda.local.array({S * S}, F64)", f"    tC = cuda.local.array({S * S}, F64)",
+         f"    tc = cuda.local.array({S}, F64)", f"    td = cuda.local.array({S}, F64)"]
+    for i in range(S):
+        L += [f"    tc[{i}] = {lit(tab.c[i])}", f"    td[{i}] = {lit(tab.d[i])}"]
+        for j in range(S):
+            L += [f"    ta[{i * S + j}] = {lit(tab.a[i, j])}", f"    tC[{i * S + j}] = {lit(tab.C[i, j])}"]
+    return L
+
+
+def _emit_stages_rolled(spec: KernelSpec, nm: _Names) -> list[str]:
+    """The stages 1..S-1 as one loop over the tableau's arrays, so the RHS and the triangular
+    solves appear once in the kernel instead of once per stage. The unrolled form repeats
+    them S times; the straight-line code then no longer fits the GPU's instruction cache, and
+    every step streams it from L2 (one P(k) ran no faster with a 22-sweep Jacobian replaced by
+    a direct one, and slower on more SMs: docs/benchmarks.md)."""
+    n, S = spec.n, spec.tableau.stages
+    sens = nm.sens
+    tab = spec.tableau
+    L = ["        # stage 0"]
+    d0 = ["hd * dfdt[q]"] if tab.d[0] != 0.0 else []
+    if tab.d[0] != 0.0:
+        L.append(f"        hd = h * {lit(tab.d[0])}")
+    L += [f"        for q in range({n}):", "            yi[q] = f0[q]" + "".join(f" + {e}" for e in d0),
+          "        lu_solve(lu, yi, fi)", f"        for q in range({n}):", "            kk[0, q] = fi[q]"]
+    if sens:
+        ds = ["hd * sdt[q]"] if tab.d[0] != 0.0 else []
+        L += ["        hess_eval(y, s, fi, t, p, dp, args, da, hu)",
+              f"        for q in range({n}):",
+              "            si[q] = g0[q]" + "".join(f" + {e}" for e in ds) + " + hu[q]",
+              "        lu_solve(lu, si, gi)", f"        for q in range({n}):",
+              "            ks[0, q] = gi[q]"]
+    L += [f"        for sg in range(1, {S}):",
+          f"            for q in range({n}):",
+          "                acc = y[q]"]
+    if sens:
+        L.append("                acs = s[q]")
+    L += ["                for j in range(sg):",
+          f"                    acc += ta[sg * {S} + j] * kk[j, q]"]
+    if sens:
+        L.append(f"                    acs += ta[sg * {S} + j] * ks[j, q]")
+    L.append("                yi[q] = acc")
+    if sens:
+        L.append("                si[q] = acs")
+    L.append("            ts = t + tc[sg] * h")
+    L.append("            f_eval(yi, ts, p, args, fi)")
+    if sens:
+        L.append("            tan_eval(yi, si, ts, p, dp, args, da, gi)")
+    L += ["            hd = h * td[sg]",
+          f"            for q in range({n}):",
+          "                acc = fi[q] + hd * dfdt[q]",
+          "                for j in range(sg):",
+          f"                    acc += (tC[sg * {S} + j] / h) * kk[j, q]",
+          "                yi[q] = acc",
+          "            lu_solve(lu, yi, fi)",
+          f"            for q in range({n}):",
+          "                kk[sg, q] = fi[q]"]
+    if sens:
+        L += ["            hess_eval(y, s, fi, t, p, dp, args, da, hu)",
+              f"            for q in range({n}):",
+              "                acs = gi[q] + hd * sdt[q] + hu[q]",
+              "                for j in range(sg):",
+              f"                    acs += (tC[sg * {S} + j] / h) * ks[j, q]",
+              "                si[q] = acs",
+              "            lu_solve(lu, si, gi)",
+              f"            for q in range({n}):",
+              "                ks[sg, q] = gi[q]"]
+    return L
+
+
 def _emit_stages(spec: KernelSpec, nm: _Names) -> list[str]:
     """The Rodas stages, unrolled with the tableau's literals (zero coefficients dropped).
 
@@ -348,7 +420,9 @@ def emit_kernel(spec: KernelSpec, sens: bool = False) -> list[str]:
     (trajectory, sensitivity direction) per thread integrating z = [y, s] (``sens_kernel``)."""
     nm = _Names(sens)
     return (_emit_kernel_head(spec, nm) + _emit_initial_step(spec, nm)
-            + _emit_step_matrix(spec, nm) + _emit_stages(spec, nm)
+            + (_emit_stage_tables(spec) if spec.rolled_stages else [])
+            + _emit_step_matrix(spec, nm)
+            + (_emit_stages_rolled(spec, nm) if spec.rolled_stages else _emit_stages(spec, nm))
             + _emit_error_control(spec, nm) + ["        if accept:"]
             + _emit_dense_output(spec, nm) + _emit_advance(spec, nm))
 

@@ -55,6 +55,9 @@ class KernelSpec:
     #: writing straight into the LU slots; "" = colour sweeps (``colors``, ``jac_slots``)
     direct_source: str = ""
     direct_slots: tuple = ()  # the slot of each declared entry
+    #: the stages 1..S-1 as a loop over the tableau's arrays (codegen.rodas._emit_stages_rolled)
+    #: instead of unrolled with literals
+    rolled_stages: bool = True
 
 
 def lit(x) -> str:
