@@ -184,87 +184,83 @@ def _emit_step_matrix(spec: KernelSpec, nm: _Names) -> list[str]:
     return L
 
 
-def _emit_stage_tables(spec: KernelSpec) -> list[str]:
-    """The tableau as local arrays (a, C row-major S x S; c, d), for the rolled stage loop."""
-    tab, S = spec.tableau, spec.tableau.stages
-    L = [f"    ta = cuda.local.array({S * S}, F64)", f"    tC = cuda.local.array({S * S}, F64)",
-         f"    tc = cuda.local.array({S}, F64)", f"    td = cuda.local.array({S}, F64)"]
-    for i in range(S):
-        L += [f"    tc[{i}] = {lit(tab.c[i])}", f"    td[{i}] = {lit(tab.d[i])}"]
-        for j in range(S):
-            L += [f"    ta[{i * S + j}] = {lit(tab.a[i, j])}", f"    tC[{i * S + j}] = {lit(tab.C[i, j])}"]
-    return L
+def _stage_updates(spec: KernelSpec, nm: _Names, st: int, ind: str):
+    """Stage ``st``'s two vector updates with the tableau's literals (zero terms dropped): the
+    stage point (yi[, si]) before the RHS, and the solve's right-hand side (yi[, si] with hd)
+    after it; as in the unrolled form, so both forms do the same arithmetic."""
+    tab, n = spec.tableau, spec.n
+    sens = nm.sens
+    a = [(lit(tab.a[st, j]), j) for j in range(st) if tab.a[st, j] != 0.0]
+    point = [f"{ind}for q in range({n}):",
+             f"{ind}    yi[q] = y[q]" + "".join(f" + {c} * kk[{j}, q]" for c, j in a)]
+    if sens:
+        point.append(f"{ind}    si[q] = s[q]" + "".join(f" + {c} * ks[{j}, q]" for c, j in a))
+
+    def terms(kname, dname):
+        out = ["hd * " + dname + "[q]"] if tab.d[st] != 0.0 else []
+        return out + [f"({lit(tab.C[st, j])} / h) * {kname}[{j}, q]" for j in range(st)
+                      if tab.C[st, j] != 0.0]
+
+    rhs = [f"{ind}hd = h * {lit(tab.d[st])}"] if tab.d[st] != 0.0 else []
+    rhs += [f"{ind}for q in range({n}):",
+            f"{ind}    yi[q] = fi[q]" + "".join(f" + {e}" for e in terms("kk", "dfdt"))]
+    sens_rhs = [f"{ind}for q in range({n}):",
+                f"{ind}    si[q] = gi[q]" + "".join(f" + {e}" for e in terms("ks", "sdt"))
+                + " + hu[q]"] if sens else []
+    return point, rhs, sens_rhs
 
 
 def _emit_stages_rolled(spec: KernelSpec, nm: _Names) -> list[str]:
-    """The stages 1..S-1 as one loop over the tableau's arrays, so the RHS and the triangular
-    solves appear once in the kernel instead of once per stage. The unrolled form repeats
-    them S times; the straight-line code then no longer fits the GPU's instruction cache, and
-    every step streams it from L2 (one P(k) ran no faster with a 22-sweep Jacobian replaced by
-    a direct one, and slower on more SMs: docs/benchmarks.md)."""
-    n, S = spec.n, spec.tableau.stages
+    """Stage 0 as in the unrolled form; stages 1..S-1 as one loop in which the RHS, the
+    triangular solves (and the sensitivity kernel's tangent and Hessian sweeps) appear once,
+    while the cheap vector updates keep the tableau's literals in one branch per stage. The
+    unrolled form inlines S copies of the RHS and of the sparse-LU solve; this one compiles in
+    about half the time (docs/benchmarks.md)."""
+    n, S, tab = spec.n, spec.tableau.stages, spec.tableau
     sens = nm.sens
-    tab = spec.tableau
-    L = ["        # stage 0"]
-    d0 = ["hd * dfdt[q]"] if tab.d[0] != 0.0 else []
-    if tab.d[0] != 0.0:
-        L.append(f"        hd = h * {lit(tab.d[0])}")
-    L += [f"        for q in range({n}):", "            yi[q] = f0[q]" + "".join(f" + {e}" for e in d0),
-          "        lu_solve(lu, yi, fi)", f"        for q in range({n}):", "            kk[0, q] = fi[q]"]
-    if sens:
-        ds = ["hd * sdt[q]"] if tab.d[0] != 0.0 else []
-        L += ["        hess_eval(y, s, fi, t, p, dp, args, da, hu)",
-              f"        for q in range({n}):",
-              "            si[q] = g0[q]" + "".join(f" + {e}" for e in ds) + " + hu[q]",
-              "        lu_solve(lu, si, gi)", f"        for q in range({n}):",
-              "            ks[0, q] = gi[q]"]
-    L += [f"        for sg in range(1, {S}):",
-          f"            for q in range({n}):",
-          "                acc = y[q]"]
-    if sens:
-        L.append("                acs = s[q]")
-    L += ["                for j in range(sg):",
-          f"                    acc += ta[sg * {S} + j] * kk[j, q]"]
-    if sens:
-        L.append(f"                    acs += ta[sg * {S} + j] * ks[j, q]")
-    L.append("                yi[q] = acc")
-    if sens:
-        L.append("                si[q] = acs")
-    L.append("            ts = t + tc[sg] * h")
+    L = _emit_stages_range(spec, nm, 0, 1)
+    L.append(f"        for sg in range(1, {S}):")
+    for st in range(1, S):
+        L.append(f"            {'if' if st == 1 else 'elif'} sg == {st}:")
+        point, _, _ = _stage_updates(spec, nm, st, "                ")
+        L += point + [f"                ts = t + {lit(tab.c[st])} * h"]
     L.append("            f_eval(yi, ts, p, args, fi)")
     if sens:
         L.append("            tan_eval(yi, si, ts, p, dp, args, da, gi)")
-    L += ["            hd = h * td[sg]",
-          f"            for q in range({n}):",
-          "                acc = fi[q] + hd * dfdt[q]",
-          "                for j in range(sg):",
-          f"                    acc += (tC[sg * {S} + j] / h) * kk[j, q]",
-          "                yi[q] = acc",
-          "            lu_solve(lu, yi, fi)",
+    for st in range(1, S):
+        L.append(f"            {'if' if st == 1 else 'elif'} sg == {st}:")
+        _, rhs, _ = _stage_updates(spec, nm, st, "                ")
+        L += rhs
+    L += ["            lu_solve(lu, yi, fi)",
           f"            for q in range({n}):",
           "                kk[sg, q] = fi[q]"]
     if sens:
-        L += ["            hess_eval(y, s, fi, t, p, dp, args, da, hu)",
-              f"            for q in range({n}):",
-              "                acs = gi[q] + hd * sdt[q] + hu[q]",
-              "                for j in range(sg):",
-              f"                    acs += (tC[sg * {S} + j] / h) * ks[j, q]",
-              "                si[q] = acs",
-              "            lu_solve(lu, si, gi)",
+        L.append("            hess_eval(y, s, fi, t, p, dp, args, da, hu)")
+        for st in range(1, S):
+            L.append(f"            {'if' if st == 1 else 'elif'} sg == {st}:")
+            if tab.d[st] != 0.0:
+                L.append(f"                hd = h * {lit(tab.d[st])}")
+            L += _stage_updates(spec, nm, st, "                ")[2]
+        L += ["            lu_solve(lu, si, gi)",
               f"            for q in range({n}):",
               "                ks[sg, q] = gi[q]"]
     return L
 
 
 def _emit_stages(spec: KernelSpec, nm: _Names) -> list[str]:
-    """The Rodas stages, unrolled with the tableau's literals (zero coefficients dropped).
+    """The Rodas stages, unrolled with the tableau's literals (zero coefficients dropped)."""
+    return _emit_stages_range(spec, nm, 0, spec.tableau.stages)
+
+
+def _emit_stages_range(spec: KernelSpec, nm: _Names, first: int, stop: int) -> list[str]:
+    """Stages ``first`` .. ``stop - 1``, unrolled with the tableau's literals.
 
     Sensitivity kernel, per stage: the y solve as in the plain kernel (W k = r), then the s
     block's exact staggered solve W k_s = r_s + H k (H k: one jvp of jvp at the step's start)."""
     tab, n, S = spec.tableau, spec.n, spec.tableau.stages
     sens = nm.sens
     L = []
-    for st in range(S):
+    for st in range(first, stop):
         L.append(f"        # stage {st}")
         if st == 0:
             src, gsrc = "f0", "g0"
@@ -420,7 +416,6 @@ def emit_kernel(spec: KernelSpec, sens: bool = False) -> list[str]:
     (trajectory, sensitivity direction) per thread integrating z = [y, s] (``sens_kernel``)."""
     nm = _Names(sens)
     return (_emit_kernel_head(spec, nm) + _emit_initial_step(spec, nm)
-            + (_emit_stage_tables(spec) if spec.rolled_stages else [])
             + _emit_step_matrix(spec, nm)
             + (_emit_stages_rolled(spec, nm) if spec.rolled_stages else _emit_stages(spec, nm))
             + _emit_error_control(spec, nm) + ["        if accept:"]
