@@ -1,7 +1,10 @@
 """Command-line job: ``python scripts/transfer.py --config configs/lcdm.yaml`` (as one runs CLASS).
 
-It parses, calls ``boltzmann.pipeline.run`` and writes: pk.csv, tk.csv, summary.json
-(``boltzmann.output``), pk.png (``boltzmann.plots``) and, with ``--gradients``, dpk.csv/dpk.png.
+It parses, calls ``boltzmann.pipeline.run`` and writes: pk.csv, tk.csv, summary.json with the
+derived parameters (``boltzmann.output``, ``boltzmann.derived``), pk.png (``boltzmann.plots``),
+background.csv when ``output.z_background`` is set and, with ``--gradients``, dpk.csv/dpk.png.
+P(k), transfer functions and derivatives are written at ``output.z``; the run also solved at the
+background redshifts (their σ8), which only background.csv reports.
 
 Exit codes: 0 success; 1 the run failed (pipeline error, failed k modes, sigma8 impossible on the
 computed k range — files are still written in that last case); 2 bad usage or input (argparse
@@ -123,6 +126,28 @@ def _check_failures(result) -> None:
                            + ", ".join(f"{x:.4g}" for x in result.k[0][bad][:8]) + " 1/Mpc")
 
 
+def _requested_z(config, solved) -> list:
+    """The redshifts P(k) files are written at: the config's ``output.z`` (the run also solved
+    the background redshifts), or every solved one when the config does not say."""
+    asked = getattr(getattr(config, "output", None), "z", None)
+    return list(solved) if asked is None else [z for z in solved if z in set(asked)]
+
+
+def _write_background(config, result, out_dir: Path, comments) -> Path | None:
+    """background.csv at ``output.z_background`` (None when the config asks for none)."""
+    from boltzmann import derived, output
+
+    zs = list(getattr(getattr(config, "output", None), "z_background", ()) or ())
+    if not zs:
+        return None
+    sigma8 = [derived.sigma8_at(result, z) for z in zs]
+    sigma8_cb = [derived.sigma8_at(result, z, name="sigma8_cb") for z in zs]
+    columns = derived.background_table(
+        result.cosmologies[0], zs, np.array([np.nan if v is None else v for v in sigma8]),
+        np.array([np.nan if v is None else v for v in sigma8_cb]))
+    return output.write_background_csv(out_dir / output.BACKGROUND_FILE, columns, comments)
+
+
 def _sigma8(result, name: str, values) -> tuple[dict, list]:
     """{z: σ8 or None} of the run's cosmology and the problems that made a value None."""
     out, problems = {}, []
@@ -161,6 +186,20 @@ def _compilation(counter, settings, backend) -> dict:
     return out
 
 
+def _write_cl(result, out_dir: Path, comments) -> list:
+    """cl.csv (and cl_lensed.csv) when the run computed CMB spectra (output.cl), else nothing."""
+    from boltzmann import output
+
+    cl = getattr(result, "cl", None)
+    if cl is None:
+        return []
+    written = [output.write_cl_csv(out_dir / output.CL_FILE, cl, comments=comments)]
+    if cl.lensed is not None:
+        written.append(output.write_cl_lensed_csv(out_dir / output.CL_LENSED_FILE, cl,
+                                                  comments=comments))
+    return written
+
+
 def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) -> int:
     t_start = time.perf_counter()
     config_path = resolve_config_path(args.config)
@@ -184,31 +223,38 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
 
     timings = {str(s): float(t) for s, t in result.timings.items() if s != "total"}
     k = np.asarray(result.k[0], dtype=float)
-    zs = list(result.z)
+    solved = list(result.z)
+    zs = _requested_z(config, solved)
+    iz_of = {z: solved.index(z) for z in zs}
     spec = result.spectra
-    pk_m = {z: spec.pk_m[0, iz] for iz, z in enumerate(zs)}
-    pk_cb = {z: spec.pk_cb[0, iz] for iz, z in enumerate(zs)}
+    pk_m = {z: spec.pk_m[0, iz_of[z]] for z in zs}
+    pk_cb = {z: spec.pk_cb[0, iz_of[z]] for z in zs}
     s8, problems = _sigma8(result, "d_m", spec.sigma8)
     s8_cb, problems_cb = _sigma8(result, "d_cb", spec.sigma8_cb)
     problems += problems_cb
-    transfers = {z: {name: v[0, iz] for name, v in result.transfers.fields.items()}
-                 for iz, z in enumerate(zs)}
+    transfers = {z: {name: v[0, iz_of[z]] for name, v in result.transfers.fields.items()}
+                 for z in zs}
 
     t0 = time.perf_counter()
     name = getattr(config, "name", None) or config_path.stem
     comments = [f"config: {config_path} ({name}); backend: {result.backend}"]
     written = [output.write_pk_csv(out_dir / output.PK_FILE, k, pk_m, pk_cb, zs, comments=comments),
                output.write_tk_csv(out_dir / output.TK_FILE, k, transfers, zs, comments=comments)]
+    background = _write_background(config, result, out_dir, comments)
+    if background is not None:
+        written.append(background)
+    written += _write_cl(result, out_dir, comments)
     timings["write"] = time.perf_counter() - t0
 
     tables = result.gradients
     if tables is not None:
-        written.append(output.write_dpk_csv(out_dir / output.DPK_FILE, k, tables["dlnP_m"],
-                                            tables["dlnP_cb"], zs, tables["parameters"],
-                                            comments=comments))
+        sel = [iz_of[z] for z in zs]
+        dlnp_m, dlnp_cb = np.asarray(tables["dlnP_m"])[sel], np.asarray(tables["dlnP_cb"])[sel]
+        written.append(output.write_dpk_csv(out_dir / output.DPK_FILE, k, dlnp_m, dlnp_cb, zs,
+                                            tables["parameters"], comments=comments))
         if not args.no_plot:
             written.append(out_dir / "dpk.png")
-            plots.plot_dpk(written[-1], k, tables["dlnP_m"], zs, tables["parameters"],
+            plots.plot_dpk(written[-1], k, dlnp_m, zs, tables["parameters"],
                            title=f"{name}: exact derivatives")
 
     if not args.no_plot:
@@ -217,9 +263,13 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
         plots.plot_pk(written[-1], k, pk_m, pk_cb, zs, reference=args.compare, title=f"{name}")
         timings["plot"] = time.perf_counter() - t0
 
-    extra = {"name": name, "config": str(config_path),
-             "derived": {n: float(v[0]) for n, v in result.tables.derived.items()},
+    from boltzmann.derived import result_derived
+
+    extra = {"name": name, "config": str(config_path), "derived": result_derived(result),
              "compilation": _compilation(counter, settings, backend)}
+    if background is not None:
+        extra["files"] = {"pk": output.PK_FILE, "tk": output.TK_FILE,
+                          "background": output.BACKGROUND_FILE}
     if problems:
         extra["sigma8_problems"] = problems
     if tables is not None:

@@ -32,7 +32,7 @@ from .params import Config, CosmoParams, load_config
 from .perturbations import MAX_STEPS, Transfers, compute_perturbations
 from .progress import null_progress
 from .runtime import require_float64
-from .spectra import Spectra, compute_spectra
+from .spectra import Spectra, compute_spectra, on_requested_k
 from .tables import Tables, compute_tables
 
 __all__ = ["Result", "StructureMismatch", "run_ensemble", "run_config_ensemble",
@@ -51,7 +51,8 @@ class Result:
     """Everything computed for C cosmologies (C = 1 for ``pipeline.run``).
 
     cosmologies: the C CosmoParams; tables (stage 1), transfers (stage 2: fields (C, Z, K)),
-    spectra (stage 3: P(k) (C, Z, K), σ8 (C, Z)); timings: seconds per stage (tables,
+    spectra (stage 3: P(k) (C, Z, K), σ8 (C, Z)), on the requested k and at ``z`` (``output.z``,
+    then the ``output.z_background`` redshifts not among them); timings: seconds per stage (tables,
     perturbations, spectra, total, and gradients when computed; ``transfers.timings`` splits the
     perturbations); gradients: with
     ``pipeline.run(gradients=True)``, ``boltzmann.gradients.PowerSpectrumFunction.dlnpk()``'s
@@ -64,6 +65,8 @@ class Result:
     spectra: Spectra
     timings: dict
     gradients: dict | None = None
+    #: CMB spectra (boltzmann.cmb.ClSpectra) when the config's output.cl asks for them
+    cl: object | None = None
 
     @property
     def k(self) -> np.ndarray:
@@ -149,7 +152,10 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     precision: a PrecisionSpec; output: an OutputSpec (redshifts and k grid, shared; a grid in
     h/Mpc is the same in h/Mpc for every cosmology); backend: "jax", "cuda", "auto" or a solver
     backend object; progress: callback (stage, done, total);
-    check_sigma8_coverage: list σ8 values whose k range is too narrow in ``spectra.problems``.
+    check_sigma8_coverage: solve the extra modes σ8 needs beyond a short requested k range
+    (``modes.sigma8_grid``; P(k) and transfers are reported on the requested grid only) and list
+    σ8 values whose k range is still too narrow in ``spectra.problems``.
+    Redshifts: ``output.z``, then ``output.z_background``'s others (``OutputSpec.z_solve``).
     Failed modes are reported in ``result.failures()`` (their P and the cosmology's σ8 are NaN).
     """
     require_float64()
@@ -169,12 +175,17 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     t0 = time.perf_counter()
     k = np.stack([np.asarray(output.k_grid(float(c.h)), np.float64) for c in cosmologies])
     k_h = output.k_grid(1.0) if output.k_values is None else None
-    transfers = compute_perturbations(tables, stacked, k, output.z, precision, model, k_h=k_h,
-                                      backend=backend, progress=progress, max_steps=max_steps)
+    keep = np.arange(k.shape[1])
+    if check_sigma8_coverage:  # σ8 gets the k range it needs, P(k) stays on the requested grid
+        k, k_h, keep = modes.sigma8_grid(k, k_h, [float(c.h) for c in cosmologies])
+    transfers = compute_perturbations(tables, stacked, k, output.z_solve, precision, model,
+                                      k_h=k_h, backend=backend, progress=progress,
+                                      max_steps=max_steps)
     timings["perturbations"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     spectra = compute_spectra(transfers, stacked, check_coverage=check_sigma8_coverage)
+    transfers, spectra = on_requested_k(transfers, spectra, keep)
     timings["spectra"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     return Result(cosmologies=cosmologies, tables=tables, transfers=transfers, spectra=spectra,

@@ -258,6 +258,14 @@ class PowerSpectrumFunction:
         jac, val = self._jit_jac(theta)
         return val, jac
 
+    def value(self, theta=None) -> dict:
+        """The outputs at θ, as calling the object does."""
+        return self(theta)
+
+    def value_and_jacobian(self, theta=None) -> tuple[dict, dict]:
+        """(values, jac) from one forward-mode program: the name for what ``jacobian`` returns."""
+        return self.jacobian(theta)
+
     def dlnpk(self, theta=None) -> dict:
         """Values and ∂ln P_m/∂θ, ∂ln P_cb/∂θ (n_z, n_k, n_θ), ∂ln σ8/∂θ (n_z, n_θ), with wall
         times; raises RuntimeError naming the wavenumbers where the solve failed."""

@@ -19,10 +19,19 @@ dpk.csv (only with ``--gradients``)
     order of ``boltzmann.gradients.PARAMETERS``, ``dlnP_m_z<z>/d<θ>`` = ∂ln P_m(k, z)/∂θ at fixed k
     [1/Mpc] (θ in the config's units: h, omega_b, omega_cdm, ln10^{10}A_s, n_s, tau_reio,
     m_ncdm [eV], N_ur, w0_fld, wa_fld), then the same for P_cb (``dlnP_cb_z<z>/d<θ>``).
+background.csv (only with ``output.z_background``)
+    Same comment/header conventions; one row per requested redshift, columns
+    ``BACKGROUND_COLUMNS``: ``z``, ``H_1/Mpc`` (H/c), ``D_A_Mpc`` (angular diameter),
+    ``D_M_Mpc`` (transverse comoving), ``f`` (dln D/dln a, CLASS's scale-independent rate),
+    ``sigma8`` (σ(8 Mpc/h) of P_m at z), then ``D_H_Mpc`` (1/H), ``D_V_Mpc``
+    ((z D_M² D_H)^{1/3}), ``D_L_Mpc``, ``D`` (growth factor, D(0) = 1), ``fsigma8``,
+    ``sigma8_cb``. Numbers with 17 significant digits (``BACKGROUND_FORMAT``): a value read back
+    is the computed double exactly, so likelihood codes and the Python API agree to the last bit.
 summary.json
     ``sigma8`` and ``sigma8_cb`` (dicts keyed by the same z strings; null where the k range did
     not allow it, with the reason in ``sigma8_problems``), ``z`` (the strings in
-    order), ``parameters`` (resolved cosmology), ``backend``, ``solver_stats``,
+    order), ``parameters`` (resolved cosmology), ``derived`` (classy's names:
+    ``boltzmann.derived.SUMMARY_NAMES``), ``backend``, ``solver_stats``,
     ``timings_s`` (wall seconds per stage), ``k_range_1/Mpc``, ``n_k``, ``files``, ``produced_by``.
 """
 from __future__ import annotations
@@ -48,6 +57,9 @@ __all__ = [
     "write_dpk_csv",
     "dpk_column_names",
     "DPK_FILE",
+    "write_background_csv",
+    "BACKGROUND_FILE",
+    "BACKGROUND_COLUMNS",
     "PK_FILE",
     "TK_FILE",
     "SUMMARY_FILE",
@@ -57,8 +69,13 @@ PK_FILE = "pk.csv"
 TK_FILE = "tk.csv"
 SUMMARY_FILE = "summary.json"
 DPK_FILE = "dpk.csv"
+BACKGROUND_FILE = "background.csv"
 K_COLUMN = "k_1/Mpc"
 NUMBER_FORMAT = "%.9e"  # 10 significant digits
+BACKGROUND_FORMAT = "%.16e"  # 17 significant digits: round trip to the same double
+#: background.csv's columns, in order (the first six are the fixed contract)
+BACKGROUND_COLUMNS = ("z", "H_1/Mpc", "D_A_Mpc", "D_M_Mpc", "f", "sigma8", "D_H_Mpc", "D_V_Mpc",
+                      "D_L_Mpc", "D", "fsigma8", "sigma8_cb")
 
 # CLASS's order of transfer-function columns (synchronous gauge); unknown names follow, sorted.
 _CLASS_TK_ORDER = ("d_g", "d_b", "d_cdm", "d_ur", "d_ncdm", "d_m", "d_cb", "d_tot", "phi", "psi", "h", "h_prime",
@@ -126,7 +143,8 @@ def _check_unique_labels(zs: Sequence[float]) -> None:
         raise ValueError(f"output z values must be distinct after formatting with :g, got {labels}")
 
 
-def _write_table(path: Path, header: list[str], columns: list[np.ndarray], comments: Sequence[str]) -> None:
+def _write_table(path: Path, header: list[str], columns: list[np.ndarray], comments: Sequence[str],
+                 fmt: str = NUMBER_FORMAT) -> None:
     n = columns[0].shape[0]
     for name, col in zip(header, columns):
         if col.shape != (n,):
@@ -135,7 +153,7 @@ def _write_table(path: Path, header: list[str], columns: list[np.ndarray], comme
     table = np.column_stack(columns)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savetxt(path, table, fmt=NUMBER_FORMAT, delimiter=",", header="\n".join(lines), comments="")
+    np.savetxt(path, table, fmt=fmt, delimiter=",", header="\n".join(lines), comments="")
 
 
 def _produced_by() -> str:
@@ -177,6 +195,23 @@ def write_tk_csv(path, k, transfers: Mapping[float, Mapping[str, np.ndarray]], z
              "column <name>_z<z> holds CLASS's column <name> at redshift z (z as Python's f'{z:g}')",
              *comments]
     _write_table(Path(path), header, cols, notes)
+    return Path(path)
+
+
+def write_background_csv(path, columns: Mapping[str, np.ndarray], comments: Sequence[str] = ()) -> Path:
+    """Write background.csv (module docstring) from {name: (n_z,)} holding ``BACKGROUND_COLUMNS``
+    (``boltzmann.derived.background_table``); NaN marks a σ8 that could not be formed."""
+    missing = [name for name in BACKGROUND_COLUMNS if name not in columns]
+    if missing:
+        raise ValueError(f"background.csv: missing columns {missing}")
+    notes = [_produced_by(), "background observables at z: H = H/c in 1/Mpc, distances in Mpc "
+             "(flat: D_M = comoving distance, D_A = D_M/(1+z), D_L = (1+z) D_M, D_H = 1/H, "
+             "D_V = (z D_M^2 D_H)^(1/3)); f = dlnD/dlna and D (D(0)=1) from CLASS's "
+             "scale-independent growth equation (baryons + CDM); sigma8 = sigma(8 Mpc/h) of the "
+             "linear P_m at z (NaN where it could not be formed)", *comments]
+    _write_table(Path(path), list(BACKGROUND_COLUMNS),
+                 [np.asarray(columns[name], dtype=float) for name in BACKGROUND_COLUMNS], notes,
+                 fmt=BACKGROUND_FORMAT)
     return Path(path)
 
 
@@ -280,3 +315,49 @@ def read_pk_csv(path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     if data.shape[1] != len(names):
         raise ValueError(f"{path}: header names {len(names)} columns but rows have {data.shape[1]}")
     return data[:, 0].copy(), {name: data[:, i].copy() for i, name in enumerate(names) if i > 0}
+
+
+# ----------------------------------------------------------------------------- CMB spectra
+CL_FILE = "cl.csv"
+#: cl.csv's columns: ℓ, then D_ℓ of TT, EE, TE, BB [μK²] and [ℓ(ℓ+1)]² C_ℓ^φφ/2π (PP)
+CL_COLUMNS = ("ell", "TT", "EE", "TE", "BB", "PP")
+
+
+def write_cl_csv(path, cl, comments: Sequence[str] = ()) -> Path:
+    """Write cl.csv from a ``boltzmann.cmb.ClSpectra`` (unlensed spectra).
+
+    Same comment/header conventions as pk.csv; one row per ℓ = 2..l_max, columns ``CL_COLUMNS``:
+    TT, EE, TE, BB as D_ℓ = ℓ(ℓ+1)C_ℓ/2π in μK² (T_cmb in the header), PP as
+    [ℓ(ℓ+1)]² C_ℓ^φφ/2π (dimensionless; CLASS's convention); a spectrum that was not asked for
+    is written as NaN (BB is zero without lensing: scalar modes make no B).
+    """
+    d = cl.d_ell()
+    ell = np.asarray(cl.ell, dtype=float)
+    cols = [ell] + [np.asarray(d.get(name, np.full(ell.size, np.nan)), float)
+                    for name in CL_COLUMNS[1:]]
+    notes = [_produced_by(), f"unlensed scalar CMB spectra: D_l = l(l+1)C_l/2pi in muK^2 "
+             f"(T_cmb = {cl.T_cmb} K) for TT, EE, TE, BB; PP = [l(l+1)]^2 C_l^phiphi/2pi "
+             "(dimensionless); NaN = not computed", *comments]
+    _write_table(Path(path), list(CL_COLUMNS), cols, notes)
+    return Path(path)
+
+
+CL_LENSED_FILE = "cl_lensed.csv"
+#: cl_lensed.csv's columns: ℓ, then lensed D_ℓ of TT, EE, TE, BB [μK²]
+CL_LENSED_COLUMNS = ("ell", "TT", "EE", "TE", "BB")
+
+
+def write_cl_lensed_csv(path, cl, comments: Sequence[str] = ()) -> Path:
+    """Write cl_lensed.csv from a ``boltzmann.cmb.ClSpectra`` with lensed spectra: as cl.csv,
+    columns ``CL_LENSED_COLUMNS``, D_ℓ = ℓ(ℓ+1)C̃_ℓ/2π in μK²."""
+    d = cl.d_ell(lensed=True)
+    ell = np.asarray(cl.ell, dtype=float)
+    cols = [ell] + [np.asarray(d[name], float) for name in CL_LENSED_COLUMNS[1:]]
+    notes = [_produced_by(), f"lensed scalar CMB spectra (all-sky correlation functions, Challinor "
+             f"& Lewis 2005): D_l = l(l+1)C_l/2pi in muK^2 (T_cmb = {cl.T_cmb} K)", *comments]
+    _write_table(Path(path), list(CL_LENSED_COLUMNS), cols, notes)
+    return Path(path)
+
+
+__all__ += ["CL_FILE", "CL_COLUMNS", "write_cl_csv", "CL_LENSED_FILE", "CL_LENSED_COLUMNS",
+            "write_cl_lensed_csv"]

@@ -226,6 +226,18 @@ class OutputSpec:
     k_file: Path | None = None
     k_values: tuple[float, ...] | None = None
     dir: Path = Path("out/config")
+    #: CMB spectra (boltzmann.cmb): which of TT, EE, TE, BB, PP, up to l_max, lensed or not
+    cl: tuple[str, ...] = ()
+    l_max: int = 2500
+    lensing: bool = False
+    z_background: tuple[float, ...] = ()
+
+    @property
+    def z_solve(self) -> tuple[float, ...]:
+        """The redshifts the perturbations are saved at: ``z``, then the ``z_background`` ones not
+        among them (σ8(z) of background.csv needs P(k) there)."""
+        return tuple(self.z) + tuple(dict.fromkeys(v for v in self.z_background
+                                                   if v not in self.z))
 
     def k_grid(self, h: float) -> np.ndarray:
         """Wavenumbers in 1/Mpc: the k_file column, or the log grid k_min..k_max (h/Mpc) times h."""
@@ -334,6 +346,15 @@ def _coerce(block: str, key: str, spec: Key, value):
         if not all(math.isfinite(v) for v in values):
             raise ConfigError(f"{where} = {value!r}: must be finite")
         value = values[0] if (scalar and spec.kind == "float_or_list" and key != "z") else values
+    elif spec.kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} = {value!r}: must be true or false")
+        return value
+    elif spec.kind == "str_list":
+        seq = [value] if isinstance(value, str) else value
+        if not isinstance(seq, (list, tuple)) or not all(isinstance(v, str) for v in seq):
+            raise ConfigError(f"{where} = {value!r}: must be a list of names")
+        return [str(v) for v in seq]
     elif spec.kind == "str":
         if not isinstance(value, (str, Path)):
             raise ConfigError(f"{where} = {value!r}: must be a string (path)")
@@ -431,6 +452,7 @@ def _build_output(o: dict, name: str, base_dir: Path | None) -> OutputSpec:
     kwargs: dict[str, Any] = {}
     z = o.get("z", [0.0])
     kwargs["z"] = tuple(z)
+    kwargs["z_background"] = tuple(o.get("z_background", ()))
     if "k_file" in o:
         if range_keys:
             raise ConfigError(f"output.k_file excludes output.{range_keys[0]}: give either a k "
@@ -459,7 +481,27 @@ def _build_output(o: dict, name: str, base_dir: Path | None) -> OutputSpec:
             raise ConfigError(f"output.k_min = {kmin:g} >= output.k_max = {kmax:g}: "
                               f"need k_min < k_max (h/Mpc)")
     kwargs["dir"] = Path(o["dir"]) if "dir" in o else Path("out") / name
+    kwargs.update(_cl_output(o))
     return OutputSpec(**kwargs)
+
+
+def _cl_output(o: dict) -> dict:
+    """The CMB keys of the output block (cl, l_max, lensing), checked against each other."""
+    from .schema import CL_SPECTRA
+
+    cl = tuple(dict.fromkeys(o.get("cl", [])))
+    bad = [v for v in cl if v not in CL_SPECTRA]
+    if bad:
+        raise ConfigError(f"output.cl = {list(o['cl'])}: unknown spectrum {bad[0]!r}; choose "
+                          f"from {', '.join(CL_SPECTRA)}")
+    lensing = bool(o.get("lensing", False))
+    if lensing and "PP" not in cl:
+        raise ConfigError("output.lensing = true needs the lensing potential: add PP to "
+                          "output.cl")
+    if "BB" in cl and not lensing:
+        raise ConfigError("output.cl has BB, which scalar modes produce only through lensing: "
+                          "set output.lensing: true (with PP in output.cl) or drop BB")
+    return {"cl": cl, "l_max": int(o.get("l_max", 2500)), "lensing": lensing}
 
 
 def load_config(source: str | Path | Mapping) -> Config:

@@ -28,6 +28,10 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False) -> Re
     progress = progress or null_progress
     result = run_ensemble([config.cosmology], config.precision, config.output, backend=backend,
                           progress=progress)
+    if getattr(config.output, "cl", ()):
+        t0 = time.perf_counter()
+        result.cl = cmb_spectra(config, result, backend=backend, progress=progress)
+        result.timings["cmb"] = time.perf_counter() - t0
     if gradients:
         t0 = time.perf_counter()
         result.gradients = derivative_tables(config, result, backend=backend, progress=progress)
@@ -59,3 +63,19 @@ def derivative_tables(config, result: Result, *, backend="auto", progress=null_p
                             for iz, z in enumerate(result.z)}
     tables["summary"] = summary
     return tables
+
+
+def cmb_spectra(config, result: Result, *, backend="auto", progress=null_progress):
+    """Stage 4: the CMB spectra of the config's output.cl (boltzmann.cmb.compute_cl) from the
+    result's tables."""
+    from . import modes
+    from .cmb import compute_cl
+    from .ensemble import stack_cosmologies
+
+    progress("cmb", 0, 1)
+    out = config.output
+    model = modes.model_for(config.cosmology, config.precision)
+    cl = compute_cl(result.tables, stack_cosmologies(result.cosmologies), config.precision, model,
+                    l_max=out.l_max, spectra=out.cl, lensing=out.lensing, backend=backend)
+    progress("cmb", 1, 1)
+    return cl

@@ -9,7 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Interval", "Key", "REQUIRED", "COSMOLOGY_TABLE", "OUTPUT_TABLE", "PRECISION_TABLE"]
+__all__ = ["Interval", "Key", "REQUIRED", "COSMOLOGY_TABLE", "OUTPUT_TABLE", "PRECISION_TABLE",
+           "CL_SPECTRA"]
 
 
 # ----------------------------------------------------------------------------- checks
@@ -40,7 +41,7 @@ REQUIRED = object()  # sentinel: key has no default
 class Key:
     """One entry of a parameter table: type, default, allowed range, unit and meaning."""
 
-    kind: str  # "float", "int", "float_list", "float_or_list", "str"
+    kind: str  # "float", "int", "float_list", "float_or_list", "str", "str_list", "bool"
     default: Any
     allowed: Interval | None
     unit: str
@@ -97,8 +98,21 @@ OUTPUT_TABLE: dict[str, Key] = {
     "k_file": Key("str", None, None, "path",
                   "file with one column of k in 1/Mpc (no h!); excludes k_min/k_max/k_per_decade; "
                   "relative paths are taken from the config file's folder"),
+    "z_background": Key("float_list", [], Interval(0.0, 1.0e4), "-",
+                        "redshift(s) of background.csv: H, D_A, D_M, growth rate f and sigma8 "
+                        "(their P(k) is solved along, not written)"),
     "dir": Key("str", None, None, "path", "output directory; default out/<config name>"),
 }
+
+#: CMB angular power spectra (boltzmann.cmb, docs/cmb.md)
+CL_SPECTRA = ("TT", "EE", "TE", "BB", "PP")
+OUTPUT_TABLE.update({
+    "cl": Key("str_list", [], None, "-",
+              "CMB spectra to compute, any of TT, EE, TE, BB, PP (written to cl.csv; none if empty)"),
+    "l_max": Key("int", 2500, Interval(30, 5000), "-", "largest multipole of the CMB spectra"),
+    "lensing": Key("bool", False, None, "-",
+                   "also compute the lensed TT, EE, TE, BB, written to cl_lensed.csv (needs PP in cl)"),
+})
 
 #: Precision settings. Adding a key = adding a line here (and a row in docs/parameters.md).
 #: Defaults are measured choices: see docs/benchmarks.md and docs/perturbations.md.

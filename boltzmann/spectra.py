@@ -22,7 +22,9 @@ treated as a fixed (concrete) array.
 
 Whether the k range is wide enough is checked separately (`check_sigma_k_coverage`): missing
 low-k and high-k tails are estimated from power-law extrapolations of Delta^2 at the grid ends,
-and an error names the k range that would be needed.
+and an error names the k range that would be needed. The driver avoids that case: it solves the
+modes σ8 needs beyond a short requested range (`boltzmann.modes.sigma8_grid`), and
+`on_requested_k` cuts P(k) back to the requested wavenumbers once σ8 is integrated.
 """
 from __future__ import annotations
 

@@ -50,3 +50,6 @@ class Metric(Species):
         obs.add("metric", "h", f"-2.0 * {Y('delta_c')}")
         obs.add("metric", "phi", f"{Y('eta')} - cH * alpha")
         obs.add("metric", "psi", "cH * alpha + alpha_prime")
+        # the synchronous-to-Newtonian time shift and its d/dtau (CMB line-of-sight sources)
+        obs.add("metric", "alpha", "alpha")
+        obs.add("metric", "alpha_prime", "alpha_prime")

@@ -48,3 +48,5 @@ class Photons(Species):
     def observables(self, L: Layout, obs: Observables):
         obs.add("density", "d_g", L.y("F_g_0"))
         obs.add("velocity", "t_g", "theta_g")
+        # the Thomson-scattering quadrupole source F_2 + G_0 + G_2 (CMB polarisation source)
+        obs.add("optional", "Pi_g", "Pi_g")

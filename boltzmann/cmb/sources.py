@@ -1,0 +1,211 @@
+"""Line-of-sight sources of the CMB from the synchronous-gauge perturbations, on a (k, τ) grid.
+
+Temperature (Seljak & Zaldarriaga 1996 in synchronous gauge, integrated by parts so that no
+time derivative of a tight-coupling quantity is needed; units of Θ = δT/T, MB95 multipoles
+F_ℓ = 4Θ_ℓ, Π = F_2 + G_0 + G_2):
+
+    Θ_ℓ(k) = ∫ dτ [S_0 j_ℓ(x) + S_1 j_ℓ'(x) + S_2 j_ℓ''(x)],   x = k(τ0 - τ),
+    S_0 = g (δ_γ/4 + α') + e^{-κ} (φ' + ψ') + g Π/16      (SW, early/late ISW, polarisation)
+    S_1 = g (θ_b/k + k α)                                  (Doppler: (g θ_b^{Newt}/k²)' by parts)
+    S_2 = (3/16) g Π                                       ((3/4k²)(gΠ_SZ)'' by parts)
+
+with α = (h' + 6η')/(2k²) (the synchronous-to-Newtonian time shift), g = κ' e^{-κ} the
+visibility, e^{-κ} the transmission; δ_γ/4 + α' = Θ_0 + ψ in Newtonian gauge and
+θ_b/k² + α = θ_b^{Newt}/k². E polarisation: Δ_E,ℓ = √((ℓ+2)!/(ℓ-2)!) ∫ dτ S_E j_ℓ(x)/x²,
+S_E = (3/16) g Π. Lensing potential: ψ_ℓ(k) = ∫ dτ S_φ j_ℓ(x), S_φ = -(φ+ψ)(τ - τ_*)/((τ0 - τ)
+(τ0 - τ_*)) for τ > τ_* (τ_* = τ_rec, the maximum of g), 0 before.
+
+φ' + ψ' is the exact derivative along the solution: the jvp of the model's observables with the
+rhs as the state tangent. Everything else is one of the model's observables (models/species:
+alpha, alpha_prime, Pi_g, d_g, t_b, phi, psi).
+
+Solver: photon multipoles are normally outside error control (boltzmann.modes). Modes below
+``k_photon_control`` keep F_γ0..2 and G_γ0..2 in it to the end — they see the reionisation
+rescattering, whose sources need the photon monopole and quadrupole late. Above it the photon
+moments after ``z_streaming`` (long after decoupling, kτ ≫ 1) are replaced in the sources by
+their free-streaming values, Θ_0 + ψ → 0 and Π → 0 (the non-oscillating solution; CLASS's
+radiation-streaming approximation makes the same replacement).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.hermite import hermite_interp, hermite_panels
+from solver import solve
+from solver.caches import Cache
+
+from .. import modes
+from .sampling import ClSampling, lensing_wavenumbers, source_times, source_wavenumbers
+
+__all__ = ["SourceGrid", "compute_sources", "transmission_and_visibility", "PHOTON_CONTROL"]
+
+#: photon states kept in error control by the modes below ``ClSampling.k_photon_control``
+PHOTON_CONTROL = ("F_g_0", "F_g_1", "F_g_2", "G_g_0", "G_g_1", "G_g_2")
+#: modes per solver launch (every launch the same size: one compiled program)
+CHUNK = 32
+
+
+@dataclass(frozen=True)
+class SourceGrid:
+    """Sources of one cosmology on K source modes × S conformal times.
+
+    k: (K,) [1/Mpc]; tau: (S,) conformal times [Mpc], ascending, the last one τ0; x: (S,) ln a;
+    tau0, tau_rec [Mpc]; t0, t1, t2, e, phi: (K, S) the sources S_0, S_1, S_2, S_E, S_φ (module
+    docstring); status, n_accepted: (K,) of the solver; n_cmb: the first n_cmb modes are the
+    CMB grid (0: all), the rest extend S_φ to the larger k of the lensing potential's Limber integral.
+    """
+
+    k: np.ndarray
+    tau: jnp.ndarray
+    x: np.ndarray
+    tau0: float
+    tau_rec: float
+    t0: jnp.ndarray
+    t1: jnp.ndarray
+    t2: jnp.ndarray
+    e: jnp.ndarray
+    phi: jnp.ndarray
+    status: np.ndarray
+    n_accepted: np.ndarray
+    n_cmb: int = 0
+
+
+def _column(model, table_row, name):
+    c = model.table_columns.index(name)
+    return table_row[c, 0], table_row[c, 1]
+
+
+def transmission_and_visibility(model, table_row, grid):
+    """(κ, dκ/dx) at the table nodes: the optical depth from x to today, κ = ∫_x^0 κ'/ℋ dx'."""
+    lkd, dlkd = _column(model, table_row, "ln_kappa_dot")
+    lch, dlch = _column(model, table_row, "ln_conformal_hubble")
+    q = jnp.exp(lkd - lch)
+    dq = q * (dlkd - dlch)
+    tail = jnp.cumsum(hermite_panels(grid.dx, q, dq)[::-1])[::-1]
+    to_end = jnp.concatenate([tail, jnp.zeros(1)])
+    nodes = jnp.asarray(grid.nodes)
+    kappa = to_end - hermite_interp(nodes, to_end, -q, 0.0)
+    return kappa, -q
+
+
+def _background_at(model, table_row, grid, x):
+    """(τ, e^{-κ}, g = κ' e^{-κ}) at x."""
+    nodes = jnp.asarray(grid.nodes)
+    kappa, dkappa = transmission_and_visibility(model, table_row, grid)
+    exp_mk = jnp.exp(-hermite_interp(nodes, kappa, dkappa, x))
+    lkd, dlkd = _column(model, table_row, "ln_kappa_dot")
+    ltau, dltau = _column(model, table_row, "ln_conformal_time")
+    g = jnp.exp(hermite_interp(nodes, lkd, dlkd, x)) * exp_mk
+    tau = jnp.exp(hermite_interp(nodes, ltau, dltau, x))
+    return tau, exp_mk, g
+
+
+def _sound_horizon(rows, model, tau, x):
+    """r_s(τ) = ∫ dτ / sqrt(3(1 + R)), R = 3ρ_b/(4ρ_γ), on host arrays (sampling only)."""
+    p = np.asarray(rows[0])
+    ratio = 0.75 * p[model.param_index("rho_b0")] / p[model.param_index("rho_g0")]
+    cs = 1.0 / np.sqrt(3.0 * (1.0 + ratio * np.exp(x)))
+    return float(np.sum(0.5 * (cs[1:] + cs[:-1]) * np.diff(tau)) + tau[0] * cs[0])
+
+
+def _source_program(model):
+    """(K·S)-vectorised sources of states y at (x, p), given e^{-κ}, g, τ, τ0, τ_*, streaming."""
+    ik = model.param_index("k")
+
+    def one(y, x, p, tab, exp_mk, g, tau, tau0, tau_rec, streaming):
+        obs = model.observables(y, x, p, tab)
+        k = p[ik]
+
+        def phi_psi(yy, xx):
+            o = model.observables(yy, xx, p, tab)
+            return o["phi"] + o["psi"]
+
+        dy = jnp.stack(model.rhs(y, x, p, tab))
+        pp, dpp_dx = jax.jvp(phi_psi, (y, x), (dy, jnp.ones_like(x)))
+        dpp = dpp_dx * obs["conformal_hubble"]
+        pi = jnp.where(streaming, 0.0, obs["Pi_g"])
+        sw = jnp.where(streaming, 0.0, 0.25 * obs["d_g"] + obs["alpha_prime"])
+        t0 = g * (sw + pi / 16.0) + exp_mk * dpp
+        t1 = g * (obs["t_b"] / k + k * obs["alpha"])
+        t2 = 0.1875 * g * pi
+        chi = tau0 - tau
+        w = jnp.where((tau > tau_rec) & (chi > 0), -(tau - tau_rec) / (jnp.where(
+            chi > 0, chi, 1.0) * (tau0 - tau_rec)), 0.0)
+        return t0, t1, t2, t2, pp * w
+
+    per_time = jax.vmap(one, in_axes=(0, 0, None, None, 0, 0, 0, None, None, 0))
+    return jax.jit(jax.vmap(per_time, in_axes=(0, None, 0, None, None, None, None, None, None, 0)))
+
+
+_PROGRAMS = Cache("boltzmann.cmb.sources", maxsize=8)
+
+
+def _weights(model, photon_control: bool) -> np.ndarray:
+    w = modes.error_weights(model)
+    if photon_control:
+        for name in PHOTON_CONTROL:
+            w[model.index(name)] = 1.0
+    return w
+
+
+def compute_sources(tables, cosmos, precision, model, l_max: int, *,
+                    sampling: ClSampling = ClSampling(), lensing_modes: bool = False,
+                    backend="auto", max_steps: int = 200_000) -> SourceGrid:
+    """Solve the CMB modes of the first cosmology of ``tables``/``cosmos`` and evaluate the
+    sources on the (k, τ) grid of ``sampling`` for multipoles up to ``l_max`` (with
+    ``lensing_modes``, plus the lensing potential's extra modes)."""
+    grid = tables.grid
+    table_row = jnp.asarray(tables.model_table)[0]
+    ltau, _ = _column(model, table_row, "ln_conformal_time")
+    tau_nodes = np.exp(np.asarray(ltau))
+    x_nodes = grid.nodes
+    # recombination (maximum of g) and the start of the sources, on the table nodes
+    _, _, g_nodes = _background_at(model, table_row, grid, jnp.asarray(x_nodes))
+    g_nodes = np.asarray(g_nodes)
+    early = x_nodes < -math.log(101.0)
+    i_rec = int(np.argmax(np.where(early, g_nodes, -np.inf)))
+    tau_rec = float(tau_nodes[i_rec])
+    i_start = int(np.argmax(g_nodes > sampling.visibility_start * g_nodes[i_rec]))
+    tau, x = source_times(tau_nodes, x_nodes, tau_rec, float(tau_nodes[i_start]), sampling)
+    tau0 = float(tau[-1])
+
+    probe = np.asarray(modes.mode_rows(model, cosmos, np.ones((1, 1)), grid))
+    r_s = _sound_horizon(probe, model, tau_nodes[: i_rec + 1], x_nodes[: i_rec + 1])
+    k = source_wavenumbers(l_max, tau0, r_s, sampling)
+    n_cmb = k.size
+    if lensing_modes:
+        k = np.concatenate([k, lensing_wavenumbers(float(k[-1]), sampling)])
+    rows = np.asarray(modes.mode_rows(model, cosmos, k[None, :], grid))
+    x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
+    modes.check_start_times(x0, grid, x, precision)
+
+    low = k < sampling.k_photon_control
+    ys = np.empty((k.size, x.size, model.n))
+    status = np.empty(k.size, int)
+    n_acc = np.empty(k.size, int)
+    for group, controlled in ((np.nonzero(low)[0], True), (np.nonzero(~low)[0], False)):
+        weights = _weights(model, controlled)
+        for c in range(0, group.size, CHUNK):
+            idx = group[c:c + CHUNK]
+            pad = np.concatenate([idx, np.full(CHUNK - idx.size, idx[-1])])
+            sol = solve(model.rhs, y0[pad], x, rows[pad], args=tables.model_table, t0=x0[pad],
+                        rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
+                        error_weights=weights, backend=backend, max_steps=int(max_steps))
+            m = idx.size
+            ys[idx] = np.asarray(sol.ys)[:m]
+            status[idx] = np.asarray(sol.status)[:m]
+            n_acc[idx] = np.asarray(sol.n_accepted)[:m]
+
+    tau_s, exp_mk, g = _background_at(model, table_row, grid, jnp.asarray(x))
+    streaming = (~low[:, None]) & (x[None, :] > -math.log1p(sampling.z_streaming))
+    program = _PROGRAMS.get_or_build(id(model), lambda: (model, _source_program(model)))[1]
+    t0, t1, t2, e, phi = program(jnp.asarray(ys), jnp.asarray(x), jnp.asarray(rows),
+                                 tables.model_table, exp_mk, g, tau_s, tau0, tau_rec,
+                                 jnp.asarray(streaming))
+    return SourceGrid(k=k, tau=tau_s, x=x, tau0=tau0, tau_rec=tau_rec, t0=t0, t1=t1, t2=t2,
+                      e=e, phi=phi, status=status, n_accepted=n_acc, n_cmb=n_cmb)

@@ -1,0 +1,115 @@
+"""Angular power spectra from the transfer functions: C_ℓ^{XY} = 4π ∫ dk/k P_R(k) Δ_ℓ^X Δ_ℓ^Y.
+
+The k integral is the trapezoid rule in ln k on the transfer grid; the sampled ℓ are carried to
+every ℓ from 2 to l_max by a not-a-knot cubic spline of ℓ(ℓ+1)C_ℓ in ℓ (one fixed matrix, so
+the whole chain stays a JAX function of the sources). TT, EE, TE are in μK² (times T_cmb²); PP
+is the dimensionless lensing-potential spectrum C_ℓ^φφ.
+
+Above ``l_limber`` C_ℓ^φφ is Limber's approximation of the same integral,
+
+    C_ℓ^φφ = 2π² ∫ dτ P_R(k) S_φ(k, τ)² / (k³ χ²),   k = (ℓ + ½)/χ,  χ = τ0 - τ,
+
+whose relative error is O(1/ℓ²); S_φ(k, τ) at k = (ℓ + ½)/χ is the cubic spline in ln k of the
+source grid (0 beyond its largest k — the caveat in docs/cmb.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+import numpy as np
+from scipy.interpolate import CubicSpline
+
+from ..spectra import primordial_curvature_power
+from .sampling import trapezoid_weights
+
+__all__ = ["ClSpectra", "cl_from_transfers", "ell_spline_matrix", "limber_pp", "D_ELL_NAMES"]
+
+#: spectra of a ClSpectra, in the column order of cl.csv
+D_ELL_NAMES = ("TT", "EE", "TE", "BB", "PP")
+
+
+@dataclass(frozen=True)
+class ClSpectra:
+    """CMB angular power spectra of one cosmology at every ℓ = 2..l_max.
+
+    ell: (L,) integers; cl: {name: (L,)} unlensed C_ℓ — TT, EE, TE, BB in μK² (BB is zero
+    without lensing: scalar modes make no B), PP = C_ℓ^φφ (dimensionless); lensed: the lensed
+    TT, EE, TE, BB [μK²] when computed, else None; T_cmb [K]; timings: seconds per step;
+    info: sample counts (k modes, τ samples, sampled ℓ) and solver statistics.
+    """
+
+    ell: np.ndarray
+    cl: dict
+    lensed: dict | None = None
+    T_cmb: float = 2.7255
+    timings: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    def d_ell(self, lensed: bool = False) -> dict:
+        """{name: (L,)} D_ℓ = ℓ(ℓ+1)C_ℓ/2π [μK²] (TT, EE, TE, BB) and [ℓ(ℓ+1)]² C_ℓ^φφ/2π (PP)."""
+        ell = self.ell.astype(np.float64)
+        f = ell * (ell + 1.0) / (2.0 * math.pi)
+        src = self.lensed if lensed else self.cl
+        if src is None:
+            raise ValueError("no lensed spectra were computed (output.lensing: false)")
+        out = {name: f * np.asarray(v) for name, v in src.items() if name != "PP"}
+        if "PP" in src:
+            out["PP"] = f * ell * (ell + 1.0) * np.asarray(src["PP"])
+        return out
+
+
+def ell_spline_matrix(ells_sampled: np.ndarray, l_max: int) -> np.ndarray:
+    """(l_max - 1, L_s) matrix: values at ℓ = 2..l_max of the cubic spline through the samples."""
+    ells = np.arange(2, l_max + 1)
+    if ells_sampled.size < 4:
+        raise ValueError("need at least 4 sampled multipoles")
+    return CubicSpline(ells_sampled.astype(float), np.eye(ells_sampled.size), axis=0)(ells)
+
+
+def _lnk_weights(k):
+    return jnp.asarray(trapezoid_weights(np.log(np.asarray(k))))
+
+
+def cl_from_transfers(tr, A_s, n_s, k_pivot, *, T_cmb) -> dict:
+    """{TT, EE, TE: (L_s,) [μK²], PP: (L_P,)} on the sampled ℓ of ``tr`` (line_of_sight.Transfers)."""
+    k = jnp.asarray(tr.k)
+    weight = 4.0 * math.pi * _lnk_weights(tr.k) * primordial_curvature_power(k, A_s, n_s, k_pivot)
+    t2 = (T_cmb * 1e6) ** 2
+    out = {"TT": t2 * (tr.T * tr.T) @ weight, "EE": t2 * (tr.E * tr.E) @ weight,
+           "TE": t2 * (tr.T * tr.E) @ weight}
+    if tr.P is not None:
+        out["PP"] = (tr.P * tr.P) @ weight
+    return out
+
+
+def limber_pp(src, ells, A_s, n_s, k_pivot):
+    """C_ℓ^φφ of Limber's approximation at ``ells`` from the source grid ``src`` (module doc).
+
+    S_φ(k, τ_i) at k = (ℓ + ½)/χ_i: the cubic spline in ln k of the source grid, written as
+    Hermite cells with the spline's node derivatives (one matrix), so it stays a JAX gather."""
+    tau = np.asarray(src.tau)
+    chi_all = src.tau0 - tau
+    keep = chi_all > 1.0
+    chi, w = chi_all[keep], trapezoid_weights(tau)[keep]
+    lnk = np.log(src.k)
+    deriv = CubicSpline(lnk, np.eye(src.k.size), axis=0).derivative()(lnk)
+    phi = jnp.asarray(src.phi)[:, keep]                                  # (K, S)
+    dphi = jnp.asarray(deriv) @ phi
+    nu = np.asarray(ells, np.float64)[:, None] + 0.5
+    k = nu / chi[None, :]                                                # (L, S)
+    lnq = np.log(np.clip(k, src.k[0], src.k[-1]))
+    i = np.clip(np.searchsorted(lnk, lnq) - 1, 0, lnk.size - 2)
+    h = lnk[i + 1] - lnk[i]
+    t = jnp.asarray((lnq - lnk[i]) / h)
+    col = np.broadcast_to(np.arange(chi.size)[None, :], i.shape)
+    f0, f1 = phi[i, col], phi[i + 1, col]
+    d0, d1 = dphi[i, col] * h, dphi[i + 1, col] * h
+    t2, t3 = t * t, t * t * t
+    s_phi = ((2 * t3 - 3 * t2 + 1) * f0 + (t3 - 2 * t2 + t) * d0 + (-2 * t3 + 3 * t2) * f1
+             + (t3 - t2) * d1)
+    inside = jnp.asarray((k >= src.k[0]) & (k <= src.k[-1]))
+    pr = primordial_curvature_power(jnp.asarray(k), A_s, n_s, k_pivot)
+    integrand = jnp.where(inside, pr * s_phi * s_phi / (k ** 3 * chi ** 2), 0.0)
+    return 2.0 * math.pi ** 2 * integrand @ jnp.asarray(w)

@@ -1,0 +1,128 @@
+"""Stage 4 (after the perturbations): CMB angular power spectra of one cosmology.
+
+``compute_cl(tables, cosmos, precision, model, l_max=..., spectra=..., lensing=...)`` →
+:class:`boltzmann.cmb.spectra.ClSpectra`:
+
+1. ``sources.compute_sources`` — the CMB modes (their own k grid and dense conformal times),
+   solved by ``solver.solve``, and the sources S_0, S_1, S_2, S_E, S_φ on the (k, τ) grid;
+2. ``bessel.BesselTable.build`` — j_ℓ, j_ℓ' at the sampled ℓ (host, scipy);
+3. ``line_of_sight.transfer_functions`` — Δ_ℓ^T, Δ_ℓ^E, Δ_ℓ^φ on the fine k grid;
+4. ``spectra.cl_from_transfers`` (+ ``limber_pp``) and the ℓ spline to every ℓ ≤ l_max;
+5. with ``lensing``: the unlensed spectra to l_max + lensing.L_EXTRA, then
+   ``lensing.lensed_spectra`` (all-sky correlation functions) to l_max.
+
+``cl_for_config(config)`` runs stage 1 (tables) and this stage for a config's cosmology.
+"""
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from .bessel import BesselTable
+from .lensing import L_EXTRA, lensed_spectra
+from .line_of_sight import transfer_functions
+from .sampling import ClSampling, multipoles, transfer_wavenumbers
+from .sources import compute_sources
+from .spectra import ClSpectra, cl_from_transfers, ell_spline_matrix, limber_pp
+
+__all__ = ["compute_cl", "cl_for_config", "SPECTRA", "L_MAX_RANGE"]
+
+#: the spectra a run can ask for (config output.cl)
+SPECTRA = ("TT", "EE", "TE", "BB", "PP")
+#: supported l_max
+L_MAX_RANGE = (30, 5000)
+#: the lensing potential: full line of sight up to this ℓ, Limber above
+L_LIMBER = 100
+#: late sources (z < 30) enter the temperature and polarisation up to this ℓ
+L_LATE = 400
+
+
+def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
+               spectra=("TT", "EE", "TE", "PP"), lensing: bool = False,
+               sampling: ClSampling = ClSampling(), backend="auto") -> ClSpectra:
+    """C_ℓ of the first cosmology of ``tables``/``cosmos`` (a stacked CosmoParams) for every
+    ℓ = 2..l_max; see the module docstring and docs/cmb.md."""
+    if not L_MAX_RANGE[0] <= int(l_max) <= L_MAX_RANGE[1]:
+        raise ValueError(f"l_max = {l_max}: supported range is {L_MAX_RANGE[0]}..{L_MAX_RANGE[1]}")
+    unknown = set(spectra) - set(SPECTRA)
+    if unknown:
+        raise ValueError(f"unknown spectra {sorted(unknown)}; choose from {SPECTRA}")
+    if lensing and "PP" not in spectra:
+        raise ValueError("lensing needs the lensing potential: add PP to output.cl")
+    l_out = int(l_max)
+    if lensing:
+        l_max = l_out + L_EXTRA
+    timings = {}
+    t0 = time.perf_counter()
+    src = compute_sources(tables, cosmos, precision, model, int(l_max), sampling=sampling,
+                          lensing_modes="PP" in spectra, backend=backend)
+    timings["sources"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    ells = multipoles(int(l_max), sampling)
+    k = transfer_wavenumbers(src.k[:src.n_cmb or src.k.size], src.tau0, sampling)
+    table = BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0)
+    timings["bessel"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    l_limber = min(L_LIMBER, int(l_max))
+    tr = transfer_functions(src, ells, k, table, l_late=L_LATE, l_limber=l_limber)
+    timings["line_of_sight"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    A_s, n_s, k_pivot = (jnp.asarray(getattr(cosmos, n))[0] for n in ("A_s", "n_s", "k_pivot"))
+    T_cmb = float(np.asarray(cosmos.T_cmb)[0])
+    sampled = cl_from_transfers(tr, A_s, n_s, k_pivot, T_cmb=T_cmb)
+    if "PP" in spectra:
+        high = ells[ells > l_limber]
+        pp = sampled["PP"]
+        if high.size:
+            pp = jnp.concatenate([pp, limber_pp(src, high, A_s, n_s, k_pivot)])
+        sampled["PP"] = pp
+    ell_all = np.arange(2, int(l_max) + 1)
+    f_s = ells * (ells + 1.0)
+    m = jnp.asarray(ell_spline_matrix(ells, int(l_max)))
+    f_all = ell_all * (ell_all + 1.0)
+    cl = {}
+    for name in ("TT", "EE", "TE", "PP"):
+        if name in spectra or lensing:
+            cl[name] = np.asarray(m @ (jnp.asarray(f_s) * sampled[name])) / f_all
+    timings["spectra"] = time.perf_counter() - t0
+    lensed = None
+    if lensing:
+        t0 = time.perf_counter()
+        lensed = lensed_spectra(ell_all, cl, l_out)
+        timings["lensing"] = time.perf_counter() - t0
+    keep = ell_all <= l_out
+    cl = {name: v[keep] for name, v in cl.items() if name in spectra}
+    if "BB" in spectra:
+        cl["BB"] = np.zeros(int(keep.sum()))
+    info = {"k_source": int(src.k.size), "tau_samples": int(src.tau.size),
+            "k_transfer": int(k.size), "ell_sampled": int(ells.size),
+            "solver_steps_max": int(np.max(src.n_accepted)),
+            "solver_failures": int(np.sum(src.status != 0))}
+    return ClSpectra(ell=ell_all[keep], cl=cl, lensed=lensed, T_cmb=T_cmb, timings=timings,
+                     info=info)
+
+
+def cl_for_config(config, *, l_max: int | None = None, spectra=None, lensing=None,
+                  sampling: ClSampling = ClSampling(), backend="auto") -> ClSpectra:
+    """Tables and C_ℓ for ``config`` (a boltzmann.params.Config); arguments left None come from
+    its output block (``cl``, ``l_max``, ``lensing``)."""
+    from .. import modes
+    from ..ensemble import stack_cosmologies
+    from ..tables import compute_tables
+
+    out = config.output
+    l_max = int(getattr(out, "l_max", 2500) if l_max is None else l_max)
+    spectra = tuple(getattr(out, "cl", ()) or ("TT", "EE", "TE", "PP")) if spectra is None \
+        else tuple(spectra)
+    lensing = bool(getattr(out, "lensing", False)) if lensing is None else bool(lensing)
+    stacked = stack_cosmologies([config.cosmology])
+    model = modes.model_for(config.cosmology, config.precision)
+    grid = modes.make_grid(config.precision)
+    tables = compute_tables(stacked, grid, model)
+    return compute_cl(tables, stacked, config.precision, model, l_max=l_max, spectra=spectra,
+                      lensing=lensing, sampling=sampling, backend=backend)
