@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 import boltzmann  # noqa: E402
+import boltzmann.runtime  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parent / "figures"
 #: the parameters of the Jacobian and the Fisher forecast (names as in the config)
@@ -123,19 +124,33 @@ def step3_jacobian(config, s: dict, figures: Path):
     return pk, np.asarray(values["P_m"][0]), np.asarray(jac["P_m"][0])
 
 
+#: a CMB-like prior on the amplitude, σ(ln10¹⁰A_s) (Planck 2018 TT,TE,EE+lowE+lensing: 0.014)
+A_S_PRIOR = 0.014
+
+
 def step4_fisher(pk, p, dp, figures: Path, volume_gpc3: float = 1.0):
     """A toy Fisher forecast: P_m(k, z = 0) measured with cosmic-variance errors in a volume
     V = ``volume_gpc3`` Gpc³, k bins of the Jacobian's grid, no shot noise, no AP effect:
-    σ_P / P = sqrt(2 / N_k), N_k = V k² Δk / (2π²); F = Jᵀ C⁻¹ J."""
+    σ_P / P = sqrt(2 / N_k), N_k = V k² Δk / (2π²); F = Jᵀ C⁻¹ J, plus a prior on ln10¹⁰A_s.
+
+    Without the prior h and A_s are degenerate: at fixed ω_b, ω_cdm and k [1/Mpc], h changes
+    only Ω_Λ, hence the growth, which rescales P(k, z = 0) at every k as A_s does (∂ln P/∂h is
+    flat in the figure of step 3)."""
     k = pk.k
     dk = np.gradient(k)
     n_modes = volume_gpc3 * 1e9 * k**2 * dk / (2 * np.pi**2)
     sigma = p * np.sqrt(2.0 / n_modes)
     fisher = (dp / sigma[:, None]).T @ (dp / sigma[:, None])
-    cov = np.linalg.inv(fisher)
+    alone = np.sqrt(np.diag(np.linalg.inv(fisher)))
+    prior = np.zeros_like(fisher)
+    if "ln10^{10}A_s" in pk.parameters:
+        j = pk.parameters.index("ln10^{10}A_s")
+        prior[j, j] = A_S_PRIOR**-2
+    cov = np.linalg.inv(fisher + prior)
     errors = np.sqrt(np.diag(cov))
-    for name, value, err in zip(pk.parameters, np.asarray(pk.theta0), errors):
-        print(f"  {name:>14s} = {value:.5g} ± {err:.2g}")
+    print(f"marginalised errors, P(k) alone | with σ(ln10¹⁰A_s) = {A_S_PRIOR}:")
+    for name, value, err0, err in zip(pk.parameters, np.asarray(pk.theta0), alone, errors):
+        print(f"  {name:>14s} = {value:.5g} ± {err0:.2g} | ± {err:.2g}")
 
     fig, ax = plt.subplots(figsize=(4.5, 4))
     i, j = 0, 1
@@ -148,7 +163,7 @@ def step4_fisher(pk, p, dp, figures: Path, volume_gpc3: float = 1.0):
         ax.plot(theta0[i] + ellipse[0], theta0[j] + ellipse[1], style, color="C0")
     ax.plot(theta0[i], theta0[j], "k+")
     ax.set(xlabel=pk.parameters[i], ylabel=pk.parameters[j],
-           title=f"P(k) Fisher, V = {volume_gpc3:g} Gpc³ (68, 95 %)")
+           title=f"P(k), V = {volume_gpc3:g} Gpc³, + A_s prior (68, 95 %)")
     fig.tight_layout()
     fig.savefig(figures / "tutorial_fisher.png", dpi=110)
     plt.close(fig)
@@ -161,6 +176,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--figures", type=Path, default=FIGURES, help="folder of the figures")
     args = parser.parse_args(argv)
     args.figures.mkdir(parents=True, exist_ok=True)
+    # an entry point: keep compiled programs between runs (BOLTZMANN_CACHE=0 turns it off)
+    boltzmann.runtime.configure(boltzmann.runtime.Settings.from_environment())
     s = settings(args.quick)
     t0 = time.perf_counter()
     config, result = step1_power_spectrum(s, args.figures)

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import yaml
 
-from boltzmann import background as bg
 from boltzmann import derived, distances, ensemble, load_config, modes
 from boltzmann.output import read_pk_csv
 

@@ -7,7 +7,6 @@ the numbers agree to rounding.
 """
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
