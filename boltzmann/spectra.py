@@ -96,14 +96,18 @@ def tophat_window(x):
     = 1 - x^2/10 + x^4/280 - x^6/15120 + ..., through x^12, for |x| < 0.3 (truncation error < 1e-20
     there; the closed form loses ~eps/x^2 to cancellation) and the closed form elsewhere; the double `where` keeps gradients finite at x = 0.
     """
-    x = jnp.asarray(x)
-    small = jnp.abs(x) < _WINDOW_SERIES_X
-    x_safe = jnp.where(small, 1.0, x)
-    closed = 3.0 * (jnp.sin(x_safe) - x_safe * jnp.cos(x_safe)) / x_safe**3
+    return _tophat(jnp.asarray(x), jnp)
+
+
+def _tophat(x, xp):
+    """W(x) with the array module ``xp`` (jax.numpy, or numpy for host-side checks)."""
+    small = xp.abs(x) < _WINDOW_SERIES_X
+    x_safe = xp.where(small, 1.0, x)
+    closed = 3.0 * (xp.sin(x_safe) - x_safe * xp.cos(x_safe)) / x_safe**3
     x2 = x * x
     series = 1.0 + x2 * (-1.0 / 10 + x2 * (1.0 / 280 + x2 * (-1.0 / 15120 + x2 * (
         1.0 / 1330560 + x2 * (-1.0 / 172972800 + x2 / 31135104000)))))
-    return jnp.where(small, series, closed)
+    return xp.where(small, series, closed)
 
 
 # --------------------------------------------------------------------------- spline + quadrature
@@ -227,14 +231,7 @@ def _log_slopes(lnk: np.ndarray, ln_y: np.ndarray, end: str, span: float = 0.3) 
 
 def _tophat_window_np(x: np.ndarray) -> np.ndarray:
     """``tophat_window`` in numpy, for the host-side coverage check (no JAX dispatch per call)."""
-    x = np.asarray(x, dtype=float)
-    small = np.abs(x) < _WINDOW_SERIES_X
-    xs = np.where(small, 1.0, x)
-    closed = 3.0 * (np.sin(xs) - xs * np.cos(xs)) / xs**3
-    x2 = x * x
-    series = 1.0 + x2 * (-1.0 / 10 + x2 * (1.0 / 280 + x2 * (-1.0 / 15120 + x2 * (
-        1.0 / 1330560 + x2 * (-1.0 / 172972800 + x2 / 31135104000)))))
-    return np.where(small, series, closed)
+    return _tophat(np.asarray(x, dtype=float), np)
 
 
 def _coverage(k: np.ndarray, pk: np.ndarray, R: np.ndarray, rtol: float) -> dict:
