@@ -30,6 +30,8 @@ import yaml
 import classy
 from classy import Class
 
+from class_precision import PRECISION_CLASS  # the shared raised precision
+
 OUT = Path(__file__).resolve().parent
 CONFIGS = OUT.parents[1] / "configs"
 CASES = {"lcdm": "lcdm.yaml", "wcdm_heavy_nu": "wcdm_heavy_nu.yaml"}
@@ -37,15 +39,8 @@ CASES = {"lcdm": "lcdm.yaml", "wcdm_heavy_nu": "wcdm_heavy_nu.yaml"}
 REDSHIFTS = [0.0, 0.1, 0.295, 0.5, 0.51, 0.706, 0.934, 1.0, 1.321, 1.484, 2.0, 2.33, 3.0, 5.0,
              10.0, 100.0, 1000.0, 1090.0]
 Z_MAX_PK = 3.0
-# the same raised precision as generate.py's PRECISION_CLASS
-PRECISION = {
-    "k_per_decade_for_pk": 50, "k_per_decade_for_bao": 200,
-    "tol_perturbations_integration": 1e-6, "perturbations_sampling_stepsize": 0.05,
-    "l_max_g": 20, "l_max_pol_g": 15, "l_max_ur": 30, "l_max_ncdm": 30,
-    "tol_ncdm_synchronous": 1e-5, "tol_ncdm_bg": 1e-10,
-    "radiation_streaming_trigger_tau_over_tau_k": 240,
-    "ur_fluid_trigger_tau_over_tau_k": 50, "ncdm_fluid_trigger_tau_over_tau_k": 51,
-}
+# the raised precision of every reference (class_precision.py)
+PRECISION = PRECISION_CLASS
 DERIVED = ["100*theta_s", "100*theta_star", "rs_d", "rs_rec", "rs_star", "ra_rec", "z_d",
            "z_star", "z_rec", "z_reio", "tau_reio", "age", "conformal_age", "Neff", "Omega_m",
            "omega_m", "Omega0_lambda", "Omega0_fld", "h", "sigma8"]

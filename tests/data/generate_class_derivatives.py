@@ -48,6 +48,8 @@ import numpy as np
 import classy
 from classy import Class
 
+from class_precision import PRECISION_CLASS  # the shared raised precision
+
 OUT = Path(__file__).resolve().parent
 H = 0.6736
 
@@ -59,15 +61,8 @@ FIDUCIAL = {
 }
 W0, WA = -1.0, 0.0
 FLUID = {"Omega_Lambda": 0.0, "cs2_fld": 1.0, "use_ppf": "no"}
-# same raised precision as generate.py (PRECISION_CLASS there)
-PRECISION = {
-    "k_per_decade_for_pk": 50, "k_per_decade_for_bao": 200,
-    "tol_perturbations_integration": 1e-6, "perturbations_sampling_stepsize": 0.05,
-    "l_max_g": 20, "l_max_pol_g": 15, "l_max_ur": 30, "l_max_ncdm": 30,
-    "tol_ncdm_synchronous": 1e-5, "tol_ncdm_bg": 1e-10,
-    "radiation_streaming_trigger_tau_over_tau_k": 240,
-    "ur_fluid_trigger_tau_over_tau_k": 50, "ncdm_fluid_trigger_tau_over_tau_k": 51,
-}
+# the raised precision of every reference (class_precision.py)
+PRECISION = PRECISION_CLASS
 NCDM_EXACT = {"ncdm_fluid_approximation": 3, "l_max_ncdm": 50}
 #: columns whose runs use NCDM_EXACT on top of PRECISION (see docstring)
 COLUMN_PRECISION = {"m_ncdm": NCDM_EXACT}

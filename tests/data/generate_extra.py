@@ -20,7 +20,7 @@ CLASS names:
     cs2_fld = 1, use_ppf = no (CLASS's rest-frame c_s^2 fluid, as ours);
   * massive neutrinos: one CLASS ncdm species per config entry (N_ncdm = len(m_ncdm)), with the
     config's m_ncdm [eV], deg_ncdm and T_ncdm [T_cmb]; N_ur as given.
-Precision: PRECISION_CLASS of generate.py (same raised settings as the other references) plus
+Precision: PRECISION_CLASS of class_precision.py (same raised settings as the other references) plus
 NCDM_EXACT: CLASS's ncdm fluid approximation switched off and l_max_ncdm = 60.  With generate.py's
 settings alone CLASS replaces the massive-neutrino hierarchy by a fluid once k tau > 51; for these
 two 0.1 eV neutrinos that shifts P_m by +2e-3 at k ~ 0.05-0.1 h/Mpc (P_cb by 1.5e-3) relative to
@@ -38,6 +38,8 @@ import numpy as np
 import yaml
 import classy
 from classy import Class
+
+from class_precision import PRECISION_CLASS  # the shared raised precision
 
 OUT = Path(__file__).resolve().parent
 CONFIG = OUT.parents[1] / "configs" / "wcdm_heavy_nu.yaml"
@@ -64,15 +66,8 @@ CASES = {
     "lcdm_heavy_nu": ("configs/wcdm_heavy_nu.yaml's two 0.1 eV neutrinos with a cosmological "
                       "constant (no w0_fld, wa_fld)", _no_fluid),
 }
-# the same raised precision as generate.py's PRECISION_CLASS
-PRECISION = {
-    "k_per_decade_for_pk": 50, "k_per_decade_for_bao": 200,
-    "tol_perturbations_integration": 1e-6, "perturbations_sampling_stepsize": 0.05,
-    "l_max_g": 20, "l_max_pol_g": 15, "l_max_ur": 30, "l_max_ncdm": 30,
-    "tol_ncdm_synchronous": 1e-5, "tol_ncdm_bg": 1e-10,
-    "radiation_streaming_trigger_tau_over_tau_k": 240,
-    "ur_fluid_trigger_tau_over_tau_k": 50, "ncdm_fluid_trigger_tau_over_tau_k": 51,
-}
+# the raised precision of every reference (class_precision.py)
+PRECISION = PRECISION_CLASS
 #: the massive-neutrino hierarchy without CLASS's late-time fluid approximation (see docstring)
 NCDM_EXACT = {"ncdm_fluid_approximation": 3, "l_max_ncdm": 60}
 N_K = 300
