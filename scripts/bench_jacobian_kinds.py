@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""The declared Jacobian against colour sweeps, side by side in one process.
+"""Kernel variants side by side in one process: the declared Jacobian against colour sweeps, and
+the CUDA kernel's rolled stage loop against the unrolled stages.
 
 The EB rhs declares its Jacobian (``rhs.linear_jacobian``, derived from the linear source by
 models/linear_jacobian.py); the solver then evaluates J's entries directly and sweeps only in t.
@@ -10,11 +11,13 @@ the first call (compilation included), the warm wall time (median of ``--repeats
 share, steps per mode, and the largest relative P(k) difference between the two.
 
     python scripts/bench_jacobian_kinds.py --backend cuda --cosmologies 1 256 --out DIR
+    python scripts/bench_jacobian_kinds.py --backend cuda --variants direct,unrolled --out DIR
     python scripts/bench_jacobian_kinds.py --backend jax --cosmologies 1 --k-per-decade 4  # CPU
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -51,6 +54,41 @@ def colored(model):
     return dataclasses.replace(model, rhs=rhs)
 
 
+def distinct(model):
+    """The same model (declared Jacobian kept) under an rhs object of its own, so that the CUDA
+    backend builds and caches a separate plan for it."""
+    inner = model.rhs
+
+    def rhs(y, x, p, tab):
+        return inner(y, x, p, tab)
+
+    for name in ("table_split", "linear_jacobian"):
+        if hasattr(inner, name):
+            setattr(rhs, name, getattr(inner, name))
+    return dataclasses.replace(model, rhs=rhs)
+
+
+@contextlib.contextmanager
+def kernel_stages(rolled: bool):
+    """CUDA plans built inside get ``KernelSpec.rolled_stages = rolled`` (a benchmark switch: the
+    code's default is the spec's)."""
+    from solver.backends.cuda import plan as cuda_plan
+    build = cuda_plan.build_spec
+
+    def patched(*a, **kw):
+        return dataclasses.replace(build(*a, **kw), rolled_stages=rolled)
+
+    cuda_plan.build_spec = patched
+    try:
+        yield
+    finally:
+        cuda_plan.build_spec = build
+
+
+def _stages(kind):
+    return kernel_stages(False) if kind == "unrolled" else contextlib.nullcontext()
+
+
 def run_stages(cosmologies, cfg, model, backend):
     stacked = stack_cosmologies(cosmologies)
     grid = modes.make_grid(cfg.precision)
@@ -72,6 +110,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--k-per-decade", type=int, default=None,
                     help="override the config's k sampling (a quick CPU run)")
+    ap.add_argument("--variants", default="direct,colored",
+                    help="comma-separated: direct, colored, unrolled (CUDA: stages unrolled)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     settings = Settings.from_environment()
@@ -82,7 +122,15 @@ def main(argv=None):
         cfg = dataclasses.replace(cfg, output=dataclasses.replace(
             cfg.output, k_per_decade=args.k_per_decade))
     base = modes.model_for(cfg.cosmology, cfg.precision)
-    models = {"direct": base, "colored": colored(base)}
+    known = {"direct": lambda: base, "colored": lambda: colored(base),
+             "unrolled": lambda: distinct(base)}
+    variants = args.variants.split(",")
+    bad = [v for v in variants if v not in known]
+    if bad:
+        ap.error(f"--variants: unknown {bad}; choose from {sorted(known)}")
+    if "unrolled" in variants and args.backend != "cuda":
+        ap.error("--variants unrolled is a CUDA kernel variant: use --backend cuda")
+    models = {v: known[v]() for v in variants}
     machine = os.environ.get("BENCH_MACHINE", platform.node())
     date = datetime.date.today().isoformat()
     command = "python scripts/bench_jacobian_kinds.py " + " ".join(argv or sys.argv[1:])
@@ -90,10 +138,12 @@ def main(argv=None):
     for kind, model in models.items():
         for C in args.cosmologies:
             cosmos = fiducial_ensemble(C, cfg)
-            first, _, _ = run_stages(cosmos, cfg, model, backend)
+            with _stages(kind):
+                first, _, _ = run_stages(cosmos, cfg, model, backend)
             walls, solves = [], []
             for _ in range(args.repeats):
-                wall, tr, sp = run_stages(cosmos, cfg, model, backend)
+                with _stages(kind):
+                    wall, tr, sp = run_stages(cosmos, cfg, model, backend)
                 walls.append(wall)
                 solves.append(tr.timings["solve"])
             pk[(kind, C)] = np.asarray(sp.pk_m)
@@ -106,10 +156,10 @@ def main(argv=None):
             rows.append(row)
             print(json.dumps(row), flush=True)
     lines = [f"Machine: {machine}; date {date}; command `{command}`; backend {args.backend}.", "",
-             "| Jacobian | cosmologies | first call [s] | warm [s] | solve [s] | steps median / max"
-             " | failed modes | max \\|P_m ratio − 1\\| vs direct |", "|---|---|---|---|---|---|---|---|"]
+             "| variant (Jacobian) | cosmologies | first call [s] | warm [s] | solve [s] | steps median / max"
+             f" | failed modes | max \\|P_m ratio − 1\\| vs {variants[0]} |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ref = pk[("direct", r["cosmologies"])]
+        ref = pk[(variants[0], r["cosmologies"])]
         diff = float(np.nanmax(np.abs(pk[(r["kind"], r["cosmologies"])] / ref - 1.0)))
         lines.append(f"| {r['kind']} ({r['jacobian']}) | {r['cosmologies']} | {r['first_s']:.1f} "
                      f"| {r['warm_s']:.3f} | {r['solve_s']:.3f} | {r['steps_median']:.0f} / "
