@@ -79,6 +79,33 @@ def test_emulated_kernel_small_lattice():
     _compare(a, b, 1e-6, 1e-9)
 
 
+@pytest.mark.parametrize("rolled", [False, True])
+def test_emulated_stage_forms_agree(monkeypatch, rolled):
+    """The unrolled stages (the default) and the rolled stage loop (``KernelSpec.rolled_stages``,
+    one literal branch a stage) do the same arithmetic: same steps, same values."""
+    import dataclasses
+
+    from solver.backends.cuda import plan as cuda_plan
+    prob, ts, rtol, atol = CASES["hires"]
+    y0, params = _ensemble(prob, 3)
+    ref = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol, backend=EMULATED)
+    build, built = cuda_plan.build_spec, []
+
+    def spec_with_form(*a, **kw):
+        built.append(dataclasses.replace(build(*a, **kw), rolled_stages=rolled))
+        return built[-1]
+
+    monkeypatch.setattr(cuda_plan, "build_spec", spec_with_form)
+
+    def rhs(y, t, p):  # a new rhs object: a plan of its own, built with the patched spec
+        return prob.rhs(y, t, p)
+
+    b = solve(rhs, y0, ts, params, rtol=rtol, atol=atol, backend=EMULATED)
+    assert [sp.rolled_stages for sp in built] == [rolled]
+    np.testing.assert_array_equal(np.asarray(b.n_accepted), np.asarray(ref.n_accepted))
+    np.testing.assert_allclose(np.asarray(b.ys), np.asarray(ref.ys), rtol=1e-13, atol=0)
+
+
 @pytest.mark.parametrize("max_steps", [100_000, 30])
 def test_emulated_kernel_failures(max_steps):
     y0 = np.ones((3, 2))

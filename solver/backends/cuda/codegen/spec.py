@@ -55,9 +55,11 @@ class KernelSpec:
     #: writing straight into the LU slots; "" = colour sweeps (``colors``, ``jac_slots``)
     direct_source: str = ""
     direct_slots: tuple = ()  # the slot of each declared entry
-    #: the stages 1..S-1 as a loop over the tableau's arrays (codegen.rodas._emit_stages_rolled)
-    #: instead of unrolled with literals
-    rolled_stages: bool = True
+    #: the stages 1..S-1 as one loop with a literal branch a stage (codegen.rodas
+    #: ._emit_stages_rolled) instead of unrolled: it compiles ~30% faster, but solves 3-11% slower
+    #: on an H200 (docs/benchmarks.md), and the compiled kernel is cached on disk, so the default
+    #: is the unrolled form
+    rolled_stages: bool = False
 
 
 def lit(x) -> str:
