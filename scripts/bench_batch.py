@@ -130,6 +130,7 @@ def main(argv=None) -> int:
         warm = write_table(tmp / "warm.csv", cosmologies[:chunk])
         t0 = time.perf_counter()
         batch(cfg, warm, tmp / "warm.h5", chunk, "0", backend_name, settings)
+        bare(cosmologies[:chunk], cfg, chunk, backend)   # the bare path warm too
         print(f"warm-up (compile, one device): {time.perf_counter() - t0:.1f} s", flush=True)
         one = None
         if "a" in args.parts:
