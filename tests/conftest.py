@@ -1,5 +1,8 @@
-"""Shared pytest configuration: float64 JAX, and clean skipping of GPU tests."""
+"""Shared pytest configuration: float64 JAX, one session-wide XLA program cache, and clean
+skipping of GPU tests."""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_ENABLE_X64", "1")
 # in-process CLI runs keep nothing between tests (and never read a user's cache): every test
@@ -10,6 +13,20 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+#: JAX's persistent compilation cache, empty at the start of every session and removed at its
+#: end: a program is compiled once per session (so a compile-time regression still shows in the
+#: suite's time) and later modules that build the same program (the lcdm pipeline is built by a
+#: dozen modules) load it instead of compiling it again. The in-process CLI runs keep
+#: ``BOLTZMANN_CACHE=0`` above, so they never read or write a user's cache.
+_SESSION_XLA_CACHE = tempfile.mkdtemp(prefix="boltzmann-test-xla-")
+jax.config.update("jax_compilation_cache_dir", _SESSION_XLA_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SESSION_XLA_CACHE, ignore_errors=True)
 
 
 def _cuda_available() -> bool:

@@ -1,7 +1,8 @@
 """The persistent compilation cache, as a user meets it: the main job in fresh processes.
 
-A second process loads every XLA program from the cache (none compiled) and writes identical
-files; a changed precision (a different model structure) compiles its own programs instead of
+Two processes started together on an empty cache (a sampler's workers) both finish and agree; a
+later process loads every XLA program from the cache (none compiled) and writes identical files;
+a changed precision (a different model structure) compiles its own programs instead of
 loading stale ones; a corrupted cache is rebuilt. The counts come from the job's summary.json
 (``compilation``: JAX's cache hit and miss events).
 """
@@ -22,54 +23,73 @@ precision: {l_max_g: %d, l_max_pol_g: 4, l_max_ur: 6, rtol: 1.0e-4, bg_n_lna: 40
 """
 
 
-def _job(tmp_path, name, cache, l_max_g=6):
+def _start(tmp_path, name, cache, l_max_g=6):
     config = tmp_path / f"{name}.yaml"
     config.write_text(TINY % l_max_g)
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "transfer.py"), "--config",
-                           str(config), "--cache-dir", str(cache), "--out", str(out),
-                           "--no-plot", "--backend", "jax"],
-                          capture_output=True, text=True, timeout=900,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith(("BOLTZMANN_", "XDG_CACHE"))})
-    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "transfer.py"), "--config",
+                             str(config), "--cache-dir", str(cache), "--out", str(out),
+                             "--no-plot", "--backend", "jax"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={k: v for k, v in os.environ.items()
+                                 if not k.startswith(("BOLTZMANN_", "XDG_CACHE"))})
+    return proc, out
+
+
+def _finish(started):
+    proc, out = started
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
-    return summary["compilation"], (out / "pk.csv").read_text(), proc.stderr
+    return summary["compilation"], (out / "pk.csv").read_text(), stderr
+
+
+def _job(tmp_path, name, cache, l_max_g=6):
+    return _finish(_start(tmp_path, name, cache, l_max_g))
 
 
 @pytest.fixture(scope="module")
 def cold_and_warm(tmp_path_factory):
+    """Two cold processes writing the same empty cache at once, then a warm one."""
     tmp = tmp_path_factory.mktemp("cache")
     cache = tmp / "cache"
-    cold = _job(tmp, "cold", cache)
+    first, second = _start(tmp, "cold", cache), _start(tmp, "cold_twin", cache)
+    cold, twin = _finish(first), _finish(second)
     warm = _job(tmp, "warm", cache)
-    return tmp, cache, cold, warm
+    return tmp, cache, cold, warm, twin
 
 
 def _numbers(csv_text):
     return [line for line in csv_text.splitlines() if not line.startswith("#")]
 
 
+def test_concurrent_writers_both_finish_and_agree(cold_and_warm):
+    _, _, (_, pk_cold, _), _, (c_twin, pk_twin, _) = cold_and_warm
+    assert c_twin["xla_programs_compiled"] + c_twin["xla_programs_loaded"] > 10
+    assert _numbers(pk_twin) == _numbers(pk_cold)
+
+
 def test_second_process_loads_everything_and_agrees(cold_and_warm):
-    _, cache, (c_cold, pk_cold, err_cold), (c_warm, pk_warm, err_warm) = cold_and_warm
+    _, cache, (c_cold, pk_cold, err_cold), (c_warm, pk_warm, err_warm), _ = cold_and_warm
+    # (the twin wrote at the same time, so the first process may load a few of its programs)
     assert c_cold["xla_programs_compiled"] > 10 and c_cold["cache_dir"] == str(cache)
     assert c_warm["xla_programs_compiled"] == 0, c_warm
     assert c_warm["xla_programs_loaded"] >= c_cold["xla_programs_compiled"]
     assert _numbers(pk_warm) == _numbers(pk_cold)
-    # the first run says why it waits; the second has nothing to say
+    # the first run says why it waits; the later one has nothing to say
     assert "compiling the perturbation solver (first use" in err_cold
     assert "compiling" not in err_warm
 
 
 def test_changed_precision_does_not_load_stale_programs(cold_and_warm):
-    tmp, cache, (_, pk_cold, _), _ = cold_and_warm
+    tmp, cache, (_, pk_cold, _), _, _ = cold_and_warm
     changed, pk, _ = _job(tmp, "changed", cache, l_max_g=8)
     assert changed["xla_programs_compiled"] > 0
     assert _numbers(pk) != _numbers(pk_cold)          # the new hierarchy was solved
 
 
 def test_corrupted_entries_are_rebuilt(cold_and_warm):
-    tmp, cache, (_, pk_cold, _), _ = cold_and_warm
+    tmp, cache, (_, pk_cold, _), _, _ = cold_and_warm
     entries = sorted((cache / "xla").glob("*-cache"), key=lambda p: p.stat().st_size)
     assert entries
     entries[-1].write_bytes(b"not an executable")     # the largest program: the solve loop
