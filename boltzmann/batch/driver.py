@@ -22,6 +22,8 @@ from typing import Callable
 import jax
 import numpy as np
 
+from solver.caches import Cache
+
 from .. import runtime
 from ..params import Config, ConfigError, load_config
 from . import identity
@@ -122,11 +124,23 @@ def _open_store(out: Path, table, cfg: Config, chunk_size: int | None, attrs: di
     return store
 
 
+#: one solver backend per (name, settings, device) in a process. A new backend object registers
+#: its kernels and traces its launch program again, which cost every run_batch call seconds on
+#: its first chunk (an H200: +8.9 % over bare launches for 4096 cosmologies, docs/benchmarks.md)
+_BACKENDS = Cache("batch.backends", maxsize=16)
+
+
+def _backend_for(name: str, settings, device):
+    key = (name, settings, device.platform, device.id)
+    return _BACKENDS.get_or_build(key, lambda: runtime.backend_for(name, settings))
+
+
 def _executor(scheduler, devices, backend: str, settings):
     if scheduler is not None:
         return DaskExecutor(scheduler)
+    settings = settings if settings is not None else runtime.Settings()
     return LocalExecutor(resolve_devices(devices),
-                         lambda device: runtime.backend_for(backend, settings))
+                         lambda device: _backend_for(backend, settings, device))
 
 
 def run_batch(config, params, out, *, chunk_size: int | None = None, devices="all",
