@@ -174,6 +174,16 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
                      timings=timings)
 
 
+def padded_chunks(chunks) -> np.ndarray:
+    """(number of chunks, largest chunk) mode indices: a shorter chunk repeats its last mode
+    (solved twice, written once with the same value)."""
+    chunks = [np.asarray(c, np.int64).reshape(-1) for c in chunks]
+    if not chunks or min(c.size for c in chunks) == 0:
+        raise ValueError("differentiable_transfers: every chunk needs at least one mode")
+    size = max(c.size for c in chunks)
+    return np.stack([np.concatenate([c, np.full(size - c.size, c[-1])]) for c in chunks])
+
+
 def differentiable_transfers(table, cosmos, k, z, x0, model, grid, *, rtol, atol, chunks,
                              backend="jax", sensitivity_error_control: bool = True,
                              max_steps: int = MAX_STEPS) -> dict:
@@ -181,18 +191,32 @@ def differentiable_transfers(table, cosmos, k, z, x0, model, grid, *, rtol, atol
 
     The start times ``x0`` (C·K,) are held fixed (boltzmann.modes.initial_states_at);
     ``chunks``: index arrays into the C·K modes, each solved by one ``solver.solve_diff`` call.
+    On the JAX backend the chunks (padded to one size by repeating a mode) run as a ``lax.map``,
+    so the traced program holds one solve, not one per chunk: under ``jax.jacfwd`` each copy is
+    a joint sensitivity solve, and a copy per chunk multiplied what XLA has to compile.
     """
     k = np.asarray(k, np.float64)
     C, K = k.shape
     x_save, z_cols = modes.save_times(z)
     rows = modes.mode_rows(model, cosmos, k, grid)
     y0 = modes.initial_states_at(model, rows, x0)
+    x0 = np.asarray(x0, np.float64)
     weights = modes.error_weights(model)
+    index = padded_chunks(chunks)
+
+    def solve_chunk(idx):
+        t0 = x0[idx] if isinstance(idx, np.ndarray) else jnp.asarray(x0)[idx]
+        return solve_diff(model.rhs, y0[idx], x_save, rows[idx], args=table, t0=t0,
+                          rtol=rtol, atol=atol, error_weights=weights, max_steps=int(max_steps),
+                          backend=backend, sensitivity_error_control=sensitivity_error_control)
+
     ys = jnp.zeros((C * K, x_save.size, model.n))
-    for idx in chunks:
-        ys = ys.at[idx].set(solve_diff(
-            model.rhs, y0[idx], x_save, rows[idx], args=table, t0=np.asarray(x0)[idx], rtol=rtol,
-            atol=atol, error_weights=weights, max_steps=int(max_steps), backend=backend,
-            sensitivity_error_control=sensitivity_error_control))
+    if resolve_backend(backend).name != "jax":
+        # the CUDA launch is one custom call whatever the chunk count: nothing to fold
+        for idx in chunks:
+            ys = ys.at[idx].set(solve_chunk(np.asarray(idx)))
+    else:
+        solved = jax.lax.map(solve_chunk, jnp.asarray(index))   # (chunks, size, saves, n)
+        ys = ys.at[index.reshape(-1)].set(solved.reshape((-1,) + solved.shape[2:]))
     obs = observables(model, ys, x_save, rows, table, compiled=False)
     return {name: _czk(v, C, K, z_cols) for name, v in obs.items()}

@@ -140,3 +140,12 @@ def test_tables_in_pieces_equal_one_piece():
                                rtol=1e-12, atol=1e-300)
     for name in tables.DERIVED:
         np.testing.assert_allclose(pieces.derived[name], whole.derived[name], rtol=1e-12)
+
+
+def test_padded_chunks_repeat_a_chunks_last_mode():
+    from boltzmann.perturbations import padded_chunks
+
+    idx = padded_chunks([np.array([3, 0, 2]), np.array([1])])
+    assert idx.tolist() == [[3, 0, 2], [1, 1, 1]]
+    with pytest.raises(ValueError, match="at least one mode"):
+        padded_chunks([np.array([0]), np.array([], np.int64)])
