@@ -8,7 +8,7 @@ facade runs exactly the pipeline a YAML config runs. Every name is one of:
   Omega_cdm, ln_A_s_1e10, P_k_max_1/Mpc, tol_perturbations_integration, ...);
 - accepted without effect (``NO_EFFECT``, ``NO_EFFECT_PREFIXES``): CLASS's own numerical
   settings (its approximation triggers, step sizes, tolerances of integrators this code does
-  not have), file writing and verbosity, and the C_ℓ settings (C_ℓ are not computed here);
+  not have), file writing and verbosity, and CLASS's own C_ℓ precision settings;
 - refused with ``UnsupportedOption``, which names the option and what to do instead.
 
 Defaults are CLASS's where the physics is the same (h = 0.6781, omega_b = 0.0223828,
@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .classy_cl import ClRequestError, cl_request
 from .schema import COSMOLOGY_TABLE, PRECISION_TABLE
 
 __all__ = ["CosmoError", "CosmoSevereError", "CosmoComputationError", "UnsupportedOption",
@@ -56,8 +57,8 @@ COSMOLOGY = tuple(COSMOLOGY_TABLE)
 #: precision names shared with the config's precision block (l_max_* are CLASS's own names;
 #: the rest are this code's, accepted as an extension)
 PRECISION = tuple(PRECISION_TABLE)
-#: the facade's output tokens: P(k) ones are computed, C_ℓ ones accepted (``raw_cl`` says why
-#: they are not available), the others refused
+#: the facade's output tokens: P(k) ones and C_ℓ ones (``boltzmann.classy_cl``: tCl, pCl, lCl);
+#: the others refused
 OUTPUTS = {"mPk": "pk", "mTk": "pk", "dTk": "pk", "vTk": "pk", "tCl": "cl", "pCl": "cl",
            "lCl": "cl"}
 #: spacing in ln(1+z) of the redshifts solved between 0 and z_max, for P(k, z) at any z there
@@ -65,13 +66,13 @@ Z_STEP_LN = 0.05
 
 #: names accepted and ignored: CLASS's numerical settings for its own approximations and
 #: integrators (this code evolves the full hierarchies with its own tolerances: ``rtol``,
-#: ``l_max_*``), its file output, verbosity, and C_ℓ settings
+#: ``l_max_*``), its file output, verbosity, and its C_ℓ precision settings
 NO_EFFECT = frozenset({
     "k_per_decade_for_bao", "k_bao_center", "k_bao_width", "perturbations_sampling_stepsize",
     "background_Nloga", "thermo_Nz_log", "thermo_Nz_lin", "evolver", "back_integration_stepsize",
     "k_min_tau0", "k_max_tau0_over_l_max", "l_logstep", "l_linstep", "l_switch_limber",
-    "accurate_lensing", "num_mu_minus_lmax", "delta_l_max", "l_max_scalars", "l_max_lss",
-    "lensing", "neglect_CMB_sources_below_visibility", "Quadrature strategy",
+    "accurate_lensing", "num_mu_minus_lmax", "delta_l_max", "l_max_lss",
+    "neglect_CMB_sources_below_visibility", "Quadrature strategy",
     "Number of momentum bins", "Maximum q", "q_linstep", "root", "headers", "format",
     "write_background", "write_thermodynamics", "write_primordial", "write_parameters",
     "write_warnings", "overwrite_root", "write_exotic_injection", "write_perturbations",
@@ -106,9 +107,6 @@ _ADVICE = {
                   "the linear P(k), as pk_lin())",
     "recombination": "this code has its own RECFAST-type recombination (docs/thermodynamics.md; "
                      "z_rec within 0.01 of CLASS's HyRec): leave recombination out",
-    "use_ppf": "PPF dark energy is not available: set use_ppf = no (the c_s^2 = 1 fluid) or "
-               "leave w0_fld/wa_fld out",
-    "cs2_fld": "the dark-energy fluid has c_s^2 = 1 only: leave cs2_fld out or set it to 1",
 }
 _NON_LINEAR_OFF = ("", "none", "no", "linear")
 _GAUGES = ("synchronous", "sync", "newtonian", "newt")
@@ -124,6 +122,7 @@ _TRANSLATED = frozenset({
     "output", "P_k_max_h/Mpc", "P_k_max_1/Mpc", "P_k_min_h/Mpc", "P_k_min_1/Mpc",
     "k_per_decade_for_pk", "z_pk", "z_max_pk", "gauge", "tol_perturbations_integration",
     "non_linear", "use_ppf", "cs2_fld", "ic", "modes", "recombination", "reio_parametrization",
+    "lensing", "l_max_scalars",
 })
 
 
@@ -176,8 +175,7 @@ def _outputs(value) -> set[str]:
         if t not in OUTPUTS:
             raise UnsupportedOption(
                 f"output = {value!r}: {t!r} is not computed here (available: mPk for P(k) and σ8; "
-                f"mTk/vTk are accepted; tCl, pCl, lCl are accepted but raw_cl/lensed_cl say what "
-                f"to use instead)")
+                f"mTk/vTk are accepted; tCl, pCl, lCl for the CMB C_ℓ of raw_cl/lensed_cl)")
     return tokens
 
 
@@ -205,18 +203,28 @@ def _dark_energy(pars: Mapping, cosmo: dict) -> dict:
     if not fluid and checks.get("Omega_fld", 0.0) != 0.0:
         raise UnsupportedOption("Omega_fld without w0_fld/wa_fld (a w = -1 fluid) is not "
                                 "supported: leave Omega_fld out for Λ, or give w0_fld/wa_fld")
-    for name in ("use_ppf", "cs2_fld"):
-        if name not in pars:
-            continue
-        if name in COSMOLOGY:
-            cosmo[name] = pars[name]
-        elif name == "use_ppf" and fluid and _word(pars[name]) not in ("no", "n", "false", "0"):
-            raise UnsupportedOption(f"CLASS option use_ppf = {pars[name]!r} is not supported: "
-                                    f"{_ADVICE['use_ppf']}")
-        elif name == "cs2_fld" and _number(name, pars[name]) != 1.0:
-            raise UnsupportedOption(f"CLASS option cs2_fld = {pars[name]!r} is not supported: "
-                                    f"{_ADVICE['cs2_fld']}")
+    # as CLASS, read only with a fluid (CLASS ignores them for Λ; the config refuses them there)
+    if fluid and "use_ppf" in pars:
+        cosmo["use_ppf"] = _yes_no("use_ppf", pars["use_ppf"])
+    if fluid and "cs2_fld" in pars:
+        cosmo["cs2_fld"] = _number("cs2_fld", pars["cs2_fld"])
     return checks
+
+
+#: fluid settings with CLASS's names, read by _dark_energy (only when there is a fluid)
+_FLUID_SETTINGS = ("use_ppf", "cs2_fld")
+
+
+def _yes_no(name: str, value) -> bool:
+    """CLASS's flag syntax: a word starting with y/Y (or t, 1) is true, n/N (or f, 0) false."""
+    if isinstance(value, bool):
+        return value
+    word = _word(value)
+    if word[:1] in ("y", "t", "1"):
+        return True
+    if word[:1] in ("n", "f", "0"):
+        return False
+    raise CosmoSevereError(f"{name} = {value!r}: expected yes or no")
 
 
 def _redshifts(pars: Mapping) -> tuple[list[float], list[float]]:
@@ -237,7 +245,8 @@ def to_config(pars: Mapping[str, Any]) -> tuple[dict, dict]:
 
     Settings: ``outputs`` (the output tokens), ``z_pk`` (the redshifts asked for),
     ``dark_energy_checks`` ({Omega_Lambda | Omega_fld: value} to compare with the flat closure
-    once the cosmology exists). Raises ``UnsupportedOption`` / ``CosmoSevereError``.
+    once the cosmology exists), ``cl`` (the C_ℓ request, ``boltzmann.classy_cl.cl_request``).
+    Raises ``UnsupportedOption`` / ``CosmoSevereError``.
     """
     for name in pars:
         check_name(name)
@@ -245,7 +254,7 @@ def to_config(pars: Mapping[str, Any]) -> tuple[dict, dict]:
     if "A_s" in pars or "ln10^{10}A_s" in pars or "ln_A_s_1e10" in pars:
         del cosmo["A_s"]
     for name in COSMOLOGY:
-        if name in pars:
+        if name in pars and name not in _FLUID_SETTINGS:
             value = pars[name]
             if name == "YHe" and isinstance(value, str) and _word(value) == "bbn":
                 raise UnsupportedOption("YHe = BBN is not supported (no BBN table): give YHe "
@@ -290,6 +299,11 @@ def to_config(pars: Mapping[str, Any]) -> tuple[dict, dict]:
     if "k_per_decade_for_pk" in pars:
         output["k_per_decade"] = _number("k_per_decade_for_pk", pars["k_per_decade_for_pk"])
 
+    try:
+        cl_keys, cl_settings = cl_request(pars, outputs)
+    except ClRequestError as exc:
+        raise CosmoSevereError(str(exc)) from None
+    output.update(cl_keys)
     precision = {name: pars[name] for name in PRECISION if name in pars}
     if "tol_perturbations_integration" in pars:
         precision["rtol"] = _number("tol_perturbations_integration",
@@ -298,4 +312,5 @@ def to_config(pars: Mapping[str, Any]) -> tuple[dict, dict]:
         precision[name] = (int(_number(name, value)) if PRECISION_TABLE[name].kind == "int"
                            else _number(name, value))
     config = {"name": "classy", "cosmology": cosmo, "output": output, "precision": precision}
-    return config, {"outputs": outputs, "z_pk": z_pk, "dark_energy_checks": checks}
+    return config, {"outputs": outputs, "z_pk": z_pk, "dark_energy_checks": checks,
+                    "cl": cl_settings}

@@ -21,8 +21,12 @@ smallest k, P ∝ k P_R(k) as CLASS extrapolates), and in z a natural cubic spli
 the nodes 0, z_pk and a grid of step 0.05 in ln(1+z) up to z_max. Background quantities are
 evaluated exactly at any z (``boltzmann.distances``). Errors are classy's classes:
 ``CosmoSevereError`` (input; ``UnsupportedOption`` for CLASS options this code does not have) and
-``CosmoComputationError`` (a failed solve). C_ℓ are not computed: ``raw_cl`` and ``lensed_cl``
-raise ``ClNotAvailable`` naming what to use.
+``CosmoComputationError`` (a failed solve).
+
+CMB spectra: ``output`` with tCl, pCl, lCl (and ``lensing = yes``, ``l_max_scalars``) runs the CMB
+stage (``boltzmann.cmb``, the CLI's cl.csv numbers); ``raw_cl``/``lensed_cl`` return classy's
+dicts (``boltzmann.classy_cl``: dimensionless C_ℓ indexed by ℓ from 0). Asking for spectra that
+were not requested raises ``ClNotAvailable`` (a ``CosmoSevereError``) saying what to add.
 """
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ __all__ = ["Class", "CosmoError", "CosmoSevereError", "CosmoComputationError",
 
 
 class ClNotAvailable(CosmoSevereError, NotImplementedError):
-    """C_ℓ were asked for; this code computes P(k), σ8 and background quantities only."""
+    """C_ℓ that were not computed: not requested in ``output``/``lensing``, or a kind this code
+    does not compute (number counts, ``density_cl``); the message says what to change."""
 
 
 class CallableFloat(float):
@@ -61,8 +66,9 @@ _GROWTH = jax.jit(distances.growth)
 _THERMO_DERIVED = jax.jit(derived_mod.derived_from_thermodynamics, static_argnums=1)
 #: relative slack on the k range (k_max in 1/Mpc is k_max [h/Mpc] · h, rounded)
 _K_SLACK = 1e-10
-_CL_MESSAGE = ("C_ℓ are not computed by boltzmann (P(k), σ8, background and derived quantities "
-               "are): use CLASS itself (pip install classy) for {what}")
+_DENSITY_CL = ("number-count and shear C_ℓ (density_cl) are not computed by boltzmann (CMB C_ℓ, "
+               "P(k), σ8, background and derived quantities are): use CLASS itself (pip install "
+               "classy) for them")
 
 
 def _vectorised(z, fn):
@@ -76,7 +82,8 @@ class Class:
 
     ``Class(backend="auto")``: the perturbation solver backend ("jax", "cuda", "auto") is the one
     argument classy does not have. After ``compute``, ``result`` is the ``boltzmann.Result``
-    (None without mPk) and ``config`` the ``boltzmann.Config`` that ran.
+    (None without mPk), ``cl`` the ``boltzmann.cmb.ClSpectra`` (None without tCl/pCl/lCl) and
+    ``config`` the ``boltzmann.Config`` that ran.
     """
 
     def __init__(self, default: bool = False, *, backend="auto"):
@@ -84,6 +91,7 @@ class Class:
         self._backend = backend
         self.computed = False
         self.result = None
+        self.cl = None
         self.config = None
         self._settings: dict = {}
         self._values: dict = {}
@@ -123,6 +131,7 @@ class Class:
         """Forget the results (the parameters stay)."""
         self.computed = False
         self.result = None
+        self.cl = None
         self.config = None
         self._values = {}
         self._splines = {}
@@ -156,10 +165,18 @@ class Class:
                 raise CosmoComputationError(f"the perturbation solve failed for {len(failed)} "
                                             f"k modes (k = {ks} 1/Mpc): {failed[0][2]}")
             self.result = result
+            self.cl = result.cl
             self._values = derived_mod.result_values(result)
         else:
             grid = modes.make_grid(config.precision)
             self._values = {k: float(v) for k, v in _THERMO_DERIVED(cosmo, grid).items()}
+            if config.output.cl:      # the CMB stage alone (no P(k) modes): the same C_ℓ
+                from .cmb import cl_for_config
+
+                self.cl = cl_for_config(config, backend=self._backend)
+        if self.cl is not None and self.cl.info.get("solver_failures", 0):
+            raise CosmoComputationError(f"the perturbation solve of the CMB modes failed for "
+                                        f"{self.cl.info['solver_failures']} k modes")
         self.config = config
         self.computed = True
 
@@ -402,14 +419,46 @@ class Class:
         return self._value("T_cmb")
 
     # ------------------------------------------------------------------ C_ℓ
-    def raw_cl(self, lmax: int = -1, nofail: bool = False):
-        """Not available: raises ``ClNotAvailable``."""
-        raise ClNotAvailable(_CL_MESSAGE.format(what="the unlensed C_ℓ (raw_cl)"))
+    def raw_cl(self, lmax: int = -1, nofail: bool = False) -> dict:
+        """Unlensed CMB C_ℓ, classy's dict: "ell" (0..lmax) and, as requested in ``output``,
+        "tt", "ee", "te", "bb", "pp" — dimensionless ((ΔT/T)² and C_ℓ^φφ), indexed by ℓ, zero at
+        ℓ < 2; "bb" is 0 (scalar modes). CLASS's "tp"/"ep" (cross-spectra with the potential)
+        are not computed and not in the dict. ``lmax = -1``: up to ``l_max_scalars``; a larger
+        lmax raises unless ``nofail``, which recomputes with ``l_max_scalars = lmax``."""
+        return self._cl_dict(lmax, nofail, lensed=False)
 
-    def lensed_cl(self, lmax: int = -1, nofail: bool = False):
-        """Not available: raises ``ClNotAvailable``."""
-        raise ClNotAvailable(_CL_MESSAGE.format(what="the lensed C_ℓ (lensed_cl)"))
+    def lensed_cl(self, lmax: int = -1, nofail: bool = False) -> dict:
+        """Lensed CMB C_ℓ (``lensing = yes``), classy's dict as ``raw_cl``'s: "tt", "ee", "te",
+        "bb" lensed (all-sky correlation functions, docs/cmb.md), "pp" the unlensed C_ℓ^φφ (as in
+        CLASS); no "tp"/"ep". ``lmax``, ``nofail`` as for ``raw_cl``."""
+        return self._cl_dict(lmax, nofail, lensed=True)
+
+    def _cl_dict(self, lmax: int, nofail: bool, lensed: bool) -> dict:
+        from .classy_cl import cl_dict
+
+        # the request alone decides what exists: asked before compute, nothing is solved
+        request = (self._settings if self.computed else to_config(self._pars)[1])["cl"]
+        if not request["tokens"]:
+            raise ClNotAvailable("No Cl computed: add tCl (temperature), pCl (polarisation) "
+                                 "and/or lCl (lensing potential) to output, e.g. output = "
+                                 "'tCl,pCl,lCl'")
+        if lensed and not request["lensing"]:
+            raise ClNotAvailable("No lensed Cl computed: set lensing = yes (with lCl and tCl "
+                                 "and/or pCl in output)")
+        self._need()
+        available = min(request["l_max"], int(self.cl.ell[-1]))
+        lmax = available if lmax is None or int(lmax) == -1 else int(lmax)
+        if lmax > available:
+            if not nofail:
+                raise CosmoSevereError(f"Can only compute up to lmax={available}: raise "
+                                       f"l_max_scalars (or call with nofail=True)")
+            self.set({"l_max_scalars": lmax})
+            self.compute()
+            return self._cl_dict(lmax, False, lensed)
+        if lmax < 0:
+            raise CosmoSevereError(f"lmax = {lmax}: give a multipole >= 0 (or -1 for all)")
+        return cl_dict(self.cl, request, lmax, lensed=lensed)
 
     def density_cl(self, lmax: int = -1, nofail: bool = False):
         """Not available: raises ``ClNotAvailable``."""
-        raise ClNotAvailable(_CL_MESSAGE.format(what="number-count C_ℓ (density_cl)"))
+        raise ClNotAvailable(_DENSITY_CL)

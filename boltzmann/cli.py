@@ -2,7 +2,11 @@
 
 It parses, calls ``boltzmann.pipeline.run`` and writes: pk.csv, tk.csv, summary.json with the
 derived parameters (``boltzmann.output``, ``boltzmann.derived``), pk.png (``boltzmann.plots``),
-background.csv when ``output.z_background`` is set and, with ``--gradients``, dpk.csv/dpk.png.
+background.csv when ``output.z_background`` is set, cl.csv/cl_lensed.csv/cl.png when
+``output.cl`` is set and, with ``--gradients``, dpk.csv/dpk.png. ``--compare`` adds ratio panels:
+against CLASS run through classy with the run's parameters (``boltzmann.class_reference``; its
+numbers are written as class_pk.csv, class_cl.csv, class_cl_lensed.csv), or, for pk.png, against
+a reference pk.csv.
 P(k), transfer functions and derivatives are written at ``output.z``; the run also solved at the
 background redshifts (their σ8), which only background.csv reports.
 
@@ -28,6 +32,8 @@ __all__ = ["main", "build_parser", "resolve_config_path", "CliError"]
 PROG = "transfer"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT_DIR = "output"
+#: ``--compare`` without a file: run CLASS (classy) for the reference
+COMPARE_CLASS = "class"
 
 
 class CliError(Exception):
@@ -46,9 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", metavar="DIR", help="output directory (default: the config's output.dir)")
     parser.add_argument("--backend", choices=("auto", "jax", "cuda"), default="auto",
                         help="perturbation solver backend (default: auto)")
-    parser.add_argument("--compare", metavar="FILE",
-                        help="reference pk.csv (same layout, e.g. tests/data/class_lcdm_pk.csv): adds a ratio panel")
-    parser.add_argument("--no-plot", action="store_true", help="do not write pk.png")
+    parser.add_argument("--compare", metavar="REF", nargs="?", const=COMPARE_CLASS,
+                        help="add ratio panels. Alone (or 'class'): against CLASS run through classy "
+                             "with this config's parameters, for pk.png and cl.png (needs classy). A "
+                             "reference pk.csv (e.g. tests/data/class_lcdm_pk.csv): pk.png against "
+                             "it; cl.png is still compared with CLASS when classy is installed")
+    parser.add_argument("--no-plot", action="store_true",
+                        help="do not write pk.png, cl.png, dpk.png (nor run CLASS for --compare)")
     parser.add_argument("--quiet", action="store_true", help="no progress, timings or file list")
     parser.add_argument("--gradients", action="store_true", help="also compute parameter derivatives")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -203,8 +213,16 @@ def _write_cl(result, out_dir: Path, comments) -> list:
 def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) -> int:
     t_start = time.perf_counter()
     config_path = resolve_config_path(args.config)
-    if args.compare is not None and not Path(args.compare).is_file():
+    compare_class = args.compare == COMPARE_CLASS
+    if args.compare is not None and not compare_class and not Path(args.compare).is_file():
         raise CliError(f"--compare file not found: {args.compare}", 2)
+    if compare_class and not args.no_plot:
+        from boltzmann import class_reference
+
+        if not class_reference.available():
+            raise CliError("--compare without a file compares with CLASS, run through classy, "
+                           "which is not installed: pip install classy==3.4.1.0 (the 'reference' "
+                           "extra), or give a reference file (--compare pk.csv)", 2)
     config = _load_config(config_path)
     run = _default_run() if run is None else run
 
@@ -258,9 +276,11 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
                            title=f"{name}: exact derivatives")
 
     if not args.no_plot:
+        from boltzmann.cli_compare import plot_results
+
         t0 = time.perf_counter()
-        written.append(out_dir / "pk.png")
-        plots.plot_pk(written[-1], k, pk_m, pk_cb, zs, reference=args.compare, title=f"{name}")
+        written += plot_results(config, result, out_dir, k, pk_m, pk_cb, zs, args.compare,
+                                name, comments, err_stream)
         timings["plot"] = time.perf_counter() - t0
 
     from boltzmann.derived import result_derived

@@ -106,7 +106,8 @@ def _structure(cosmo: CosmoParams):
 
 
 def _describe_structure(cosmo: CosmoParams) -> str:
-    de = "w0-wa fluid" if cosmo.use_fld else "Lambda"
+    de = (("w0-wa fluid, " + ("PPF" if cosmo.use_ppf else f"rest frame c_s^2 = {cosmo.cs2_fld:g}"))
+          if cosmo.use_fld else "Lambda")
     return f"{cosmo.n_ncdm} ncdm species, {de}"
 
 

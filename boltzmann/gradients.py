@@ -1,5 +1,6 @@
-"""P(k, z), sigma8 and transfer functions as differentiable JAX functions of the cosmological
-parameters, and their exact Jacobian by forward sensitivities.
+"""P(k, z), sigma8 and transfer functions — and the background observables (H, D_A, D_M, growth)
+and derived numbers (100θ_s, r_d, z_d, age, ...) the CLI writes beside them — as differentiable
+JAX functions of the cosmological parameters, and their exact Jacobian by forward sensitivities.
 
 The derivative is of the whole computation, not of the perturbation solve alone::
 
@@ -8,6 +9,8 @@ The derivative is of the whole computation, not of the perturbation solve alone:
                     → per-mode parameter rows (densities, ncdm normalisation, fluid w0, wa)
                     → adiabatic initial states
                     → solve_diff (joint [y, S] solve under differentiation) → transfers → P, σ8
+    θ → CosmoParams → distances (H, D_A, D_M, f) and, with the table's z_rec, z_drag, ...,
+                      derived numbers (boltzmann.derived)
 
 The arrows are the stages themselves, in their traceable form (``tables.tables_one``,
 ``perturbations.differentiable_transfers``, ``spectra.power_spectra``) on an ensemble of one
@@ -37,9 +40,11 @@ directions (1, 0) (constant w) and (1, 1) (CPL with 1 + w = s(2 − a)), in the 
 ∂/∂wa = D_(1,1) − D_(1,0), which is how CLASS's finite-difference reference is defined
 (tests/data/class_dlnpk_dtheta.yaml).  Dropping the fluid perturbations instead ("smooth dark
 energy") is wrong in synchronous gauge: the fluid's δ is sourced by −(1+w) h'/2 at every k, and
-leaving it out changed ∂ln P/∂w0 at k = 1 h/Mpc from −0.495 (CLASS) to −0.295.  PPF (Fang, Hu &
-Lewis 2008) would remove the singularity altogether and is not implemented.  In a config that
-already has a fluid (w ≠ −1 everywhere) the fluid model is differentiated as is.
+leaving it out changed ∂ln P/∂w0 at k = 1 h/Mpc from −0.495 (CLASS) to −0.295.  In a config that
+already has a fluid the fluid model is differentiated as is: with ``use_ppf`` (the default) the
+PPF closure (Fang, Hu & Lewis 2008, models/species/dark_energy_ppf.py), which has no singularity,
+so ∂/∂w0 and ∂/∂wa exist at every (w0, wa), Λ's (−1, 0) included (tests/test_ppf.py); with
+``use_ppf: false`` the rest-frame fluid (w ≠ −1 everywhere).
 """
 from __future__ import annotations
 
@@ -54,18 +59,29 @@ import numpy as np
 
 from solver.backends.registry import resolve_backend
 
-from . import modes
+from . import derived as derived_mod
+from . import distances, modes
 from .params import ConfigError, CosmoParams
 from .perturbations import MAX_STEPS, differentiable_transfers, observables
 from .runtime import require_float64
 from .spectra import power_spectra
-from .tables import tables_one
+from .tables import DERIVED, tables_one
+from .thermodynamics import compute_thermodynamics
 
-__all__ = ["PARAMETERS", "PowerSpectrumFunction", "available_parameters"]
+__all__ = ["PARAMETERS", "PowerSpectrumFunction", "available_parameters", "DERIVED_OUTPUTS",
+           "BACKGROUND_OUTPUTS"]
 
 #: the issue's parameter list, in this order (config names)
 PARAMETERS = ("h", "omega_b", "omega_cdm", "ln10^{10}A_s", "n_s", "tau_reio", "m_ncdm", "N_ur",
               "w0_fld", "wa_fld")
+
+
+#: derived numbers (classy's names, ``boltzmann.derived``) among the outputs by default
+DERIVED_OUTPUTS = ("100*theta_s", "100*theta_star", "rs_d", "z_d", "z_star", "z_rec", "z_reio",
+                   "age", "conformal_age", "Omega_m", "Neff")
+#: background observables at ``z_background`` among the outputs: H [1/Mpc], D_A, D_M, D_H
+#: [Mpc], growth rate f and factor D (``boltzmann.distances``, as background.csv has them)
+BACKGROUND_OUTPUTS = ("H", "D_A", "D_M", "D_H", "f", "D")
 
 
 def available_parameters(cosmo) -> tuple:
@@ -94,18 +110,35 @@ def _parse_name(name: str):
 
 
 class PowerSpectrumFunction:
-    """θ ↦ {P_m, P_cb (n_z, n_k) [Mpc³], sigma8, sigma8_cb (n_z,), d_m (n_z, n_k)} for one config.
+    """θ ↦ {P_m, P_cb (n_z, n_k) [Mpc³], sigma8, sigma8_cb (n_z,), d_m (n_z, n_k), background
+    observables (n_zb,), derived numbers ()} for one config.
 
     ``f = PowerSpectrumFunction(config)``; ``f.theta0`` is the fiducial vector (order
     ``f.parameters``); ``f(theta)`` evaluates (jit-able, differentiable); ``f.jacobian(theta)``
     returns values and ∂(output)/∂θ by one forward-mode sweep (``jax.jacfwd``: one joint solve
     with len(θ) directions per k-chunk); ``f.dlnpk(theta)`` the ∂ln P_m/∂θ table the CLI writes.
 
+    Outputs besides the spectra, each differentiable in θ like them:
+
+    * σ8 integrates P(k) over 1e-3..5 h/Mpc whatever ``k`` asks for: the modes it needs beyond
+      the request are solved along (``modes.sigma8_grid``, as the CLI does; ``f.k_solve`` are
+      all solved wavenumbers, ``f.keep`` where the requested ones sit) and P(k), d_m are
+      reported on the request only;
+    * ``BACKGROUND_OUTPUTS`` at the redshifts ``f.z_background``: "H" [1/Mpc], "D_A", "D_M",
+      "D_H" [Mpc], "f" (dln D/dln a), "D" (growth factor, D(0) = 1) — ``boltzmann.distances``,
+      the functions background.csv is written with;
+    * the derived numbers ``derived`` (classy's names: "100*theta_s", "rs_d" [Mpc], "z_d",
+      "age" [Gyr], ...), from ``boltzmann.derived.derived_parameters`` with the thermodynamic
+      redshifts of the same tables the perturbations use — summary.json's numbers.
+
     Options: ``parameters`` (subset/order of PARAMETERS and the extra names ``_parse_name`` takes),
-    ``k`` [1/Mpc] and ``z`` override the config's output grid, ``rtol`` overrides the precision's,
-    ``n_chunks`` splits the modes (sorted by k) into that many solves,
-    ``sensitivity_error_control`` and ``backend`` ("jax", "cuda" or "auto") are passed to
-    ``solve_diff`` (docs/gradients.md).
+    ``k`` [1/Mpc] and ``z`` override the config's output grid, ``z_background`` the redshifts of
+    the background outputs (default: the config's ``output.z_background``, else ``z``; ``()``
+    for none), ``derived`` the derived names (default ``DERIVED_OUTPUTS``; any of
+    ``boltzmann.derived.NAMES`` but σ8's, which are outputs of their own), ``rtol`` overrides
+    the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves,
+    ``with_sigma8=False`` drops σ8 and its extra modes, ``sensitivity_error_control`` and
+    ``backend`` ("jax", "cuda" or "auto") are passed to ``solve_diff`` (docs/gradients.md).
     """
 
     #: step limit of each mode's solve
@@ -114,7 +147,8 @@ class PowerSpectrumFunction:
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
                  rtol: float | None = None, atol: float | None = None, n_chunks: int = 4,
                  sensitivity_error_control: bool = True, with_sigma8: bool = True,
-                 backend: str = "jax"):
+                 backend: str = "jax", z_background=None,
+                 derived: Sequence[str] = DERIVED_OUTPUTS):
         require_float64()
         self.config = config
         self.backend = backend
@@ -150,20 +184,26 @@ class PowerSpectrumFunction:
             raise ValueError(f"k must be a 1-d array of positive wavenumbers [1/Mpc], got shape "
                              f"{self.k.shape}")
         self.z = [float(v) for v in (config.output.z if z is None else z)]
+        if z_background is None:
+            z_background = config.output.z_background or self.z
+        self.z_background = np.asarray(z_background, np.float64).reshape(-1)
+        self.derived = _derived_names(derived)
         self.x_save, _ = modes.save_times(self.z)
         self.weights = modes.error_weights(self.model)
-        self.with_sigma8 = bool(with_sigma8) and self.k.size >= 5
+        self.k_solve, self.keep = _solve_grid(self.k, float(cosmo.h), bool(with_sigma8))
+        self.with_sigma8 = bool(with_sigma8) and self.k_solve.size >= 5
         # fixed start times from the fiducial cosmology (see module docstring)
-        rows0 = modes.mode_rows(self.model, _one(cosmo), self.k[None], self.grid)
+        rows0 = modes.mode_rows(self.model, _one(cosmo), self.k_solve[None], self.grid)
         self.x0, _ = modes.initial_states(self.model, rows0, prec.k_tau_ini, prec.omega_tau_ini)
         modes.check_start_times(self.x0, self.grid, self.x_save, prec)
-        order = np.argsort(self.k)
-        n_chunks = max(1, min(int(n_chunks), self.k.size))
-        size = int(math.ceil(self.k.size / n_chunks))
-        self._chunks = [order[c:c + size] for c in range(0, self.k.size, size)]
+        order = np.argsort(self.k_solve)
+        n_chunks = max(1, min(int(n_chunks), self.k_solve.size))
+        size = int(math.ceil(self.k_solve.size / n_chunks))
+        self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]
         self.theta0 = jnp.asarray([self._fiducial_value(kind, leaf)
                                    for kind, leaf in parsed], jnp.float64)
         self._jit_value = jax.jit(self._evaluate)
+        self._jit_background = jax.jit(self._background_at)
         # one program for values and Jacobian: the primal comes from the same trace (has_aux)
         self._jit_jac = jax.jit(jax.jacfwd(lambda th: (self._evaluate(th),) * 2, has_aux=True))
 
@@ -203,24 +243,68 @@ class PowerSpectrumFunction:
         return dataclasses.replace(c, **updates)
 
     # -- the computation: the stages on an ensemble of one
+    def _tables(self, theta):
+        """(cosmology at θ stacked as an ensemble of one, its table (1, …), its thermodynamic
+        redshifts {tables.DERIVED name: (1,)})."""
+        cosmo = _one(self.cosmology(theta))
+        table, thermo = jax.vmap(lambda c: tables_one(c, self.grid, self.model))(cosmo)
+        return cosmo, table, thermo
+
     def _solve_inputs(self, theta):
         """(cosmology at θ stacked as an ensemble of one, its table (1, …))."""
-        cosmo = _one(self.cosmology(theta))
-        table, _ = jax.vmap(lambda c: tables_one(c, self.grid, self.model))(cosmo)
+        cosmo, table, _ = self._tables(theta)
         return cosmo, table
 
     def _evaluate(self, theta):
-        cosmo, table = self._solve_inputs(theta)
+        cosmo, table, thermo = self._tables(theta)
         fields = differentiable_transfers(
-            table, cosmo, self.k[None], self.z, self.x0, self.model, self.grid, rtol=self.rtol,
-            atol=self.atol, chunks=self._chunks, backend=self.backend,
+            table, cosmo, self.k_solve[None], self.z, self.x0, self.model, self.grid,
+            rtol=self.rtol, atol=self.atol, chunks=self._chunks, backend=self.backend,
             sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS)
-        spec = power_spectra(fields, self.k[None], cosmo, with_sigma8=self.with_sigma8)
-        out = {"P_m": spec["P_m"][0], "P_cb": spec["P_cb"][0], "d_m": fields["d_m"][0]}
+        spec = power_spectra(fields, self.k_solve[None], cosmo, with_sigma8=self.with_sigma8)
+        keep = self.keep
+        out = {"P_m": spec["P_m"][0][:, keep], "P_cb": spec["P_cb"][0][:, keep],
+               "d_m": fields["d_m"][0][:, keep]}
         if self.with_sigma8:
             out["sigma8"] = spec["sigma8"][0]
             out["sigma8_cb"] = spec["sigma8_cb"][0]
+        out.update(self._background(self.cosmology(theta), thermo))
         return out
+
+    def _background(self, cosmo, thermo) -> dict:
+        """The background observables at ``z_background`` and the derived numbers of one
+        cosmology (the CLI's functions: background.csv's and summary.json's)."""
+        out = {}
+        if self.z_background.size:
+            z = jnp.asarray(self.z_background)
+            D, f = distances.growth(cosmo, z)
+            out.update(H=distances.hubble(cosmo, z), D_A=distances.angular_distance(cosmo, z),
+                       D_M=distances.transverse_comoving_distance(cosmo, z),
+                       D_H=distances.hubble_distance(cosmo, z), f=f, D=D)
+        if self.derived:
+            values = derived_mod.derived_parameters(
+                cosmo, {name: v[0] for name, v in thermo.items()})
+            if self.de_at_lambda:   # the fluid at w = -1 stands for Λ (module docstring)
+                values["Omega_Lambda"] = values["Omega0_lambda"] = values["Omega_fld"]
+                values["Omega_fld"] = values["Omega0_fld"] = jnp.zeros(())
+            out.update({name: values[name] for name in self.derived})
+        return out
+
+    def _background_at(self, theta):
+        """``_background`` with the thermodynamics alone (no perturbation table to build)."""
+        cosmo = self.cosmology(theta)
+        if not self.derived:    # the distances need no thermodynamics
+            return self._background(cosmo, {})
+        th = compute_thermodynamics(cosmo, lna_grid=self.grid.nodes)
+        return self._background(cosmo, {name: jnp.reshape(getattr(th, name), (1,))
+                                        for name in DERIVED})
+
+    def background(self, theta=None) -> dict:
+        """The background and derived outputs alone at θ (no perturbation solve): the same
+        numbers as in ``f(theta)``, a cheap differentiable function of θ for BAO/SN-type
+        likelihoods (``jax.jacfwd(f.background)`` works)."""
+        return self._jit_background(self.theta0 if theta is None
+                                    else jnp.asarray(theta, jnp.float64))
 
     def _observables(self, ys, rows, table):
         """The model's observables of states ys (n_k, n_save, n) at the save times."""
@@ -231,13 +315,14 @@ class PowerSpectrumFunction:
         inputs at θ and their tangents along each parameter (dy0 (m, n_k, n), dparams (m, n_k, P),
         dargs (m, 1, …) for the table), with the solve options — the keyword arguments of
         ``solver.sensitivity.joint_solve`` (plus ``rhs``), e.g. to count a direction's steps
-        (scripts/sensitivity_steps.py).  ``observables(ys, rows, table)`` maps a solve's states
+        (scripts/sensitivity_steps.py).  Its modes are ``k_solve`` (the requested ``k`` sit at
+        ``keep``; the others are σ8's).  ``observables(ys, rows, table)`` maps a solve's states
         (n_k, n_save, n) to the model's observables at the save times."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
 
         def inputs(th):
             cosmo, table = self._solve_inputs(th)
-            rows = modes.mode_rows(self.model, cosmo, self.k[None], self.grid)
+            rows = modes.mode_rows(self.model, cosmo, self.k_solve[None], self.grid)
             return modes.initial_states_at(self.model, rows, self.x0), rows, table
 
         (y0, rows, table), tangents = jax.jit(
@@ -267,8 +352,10 @@ class PowerSpectrumFunction:
         return self.jacobian(theta)
 
     def dlnpk(self, theta=None) -> dict:
-        """Values and ∂ln P_m/∂θ, ∂ln P_cb/∂θ (n_z, n_k, n_θ), ∂ln σ8/∂θ (n_z, n_θ), with wall
-        times; raises RuntimeError naming the wavenumbers where the solve failed."""
+        """Values and ∂ln P_m/∂θ, ∂ln P_cb/∂θ (n_z, n_k, n_θ), ∂ln σ8/∂θ (n_z, n_θ), the
+        background and derived outputs (``background``: {name: value}) and their plain
+        derivatives (``dbackground``: {name: output shape + (n_θ,)}), with wall times; raises
+        RuntimeError naming the wavenumbers where the solve failed."""
         t0 = time.perf_counter()
         val, jac = self.jacobian(theta)
         val = {k: np.asarray(v) for k, v in val.items()}
@@ -279,6 +366,11 @@ class PowerSpectrumFunction:
         if np.any(bad):
             raise RuntimeError("gradients: the sensitivity solve failed (non-finite) at k = "
                                + ", ".join(f"{k:.4g}" for k in self.k[bad]) + " 1/Mpc")
+        if "sigma8" in val and not (np.all(np.isfinite(val["sigma8"]))
+                                    and np.all(np.isfinite(jac["sigma8"]))):
+            raise RuntimeError("gradients: σ8 is not finite: a mode added for its k range "
+                               f"({self.k_solve[0]:.3g}..{self.k_solve[-1]:.3g} 1/Mpc) failed; "
+                               "tighten rtol or pass with_sigma8=False")
         out = {"k": self.k, "z": self.z, "parameters": self.parameters,
                "theta": np.asarray(self.theta0 if theta is None else theta), "P_m": val["P_m"],
                "P_cb": val["P_cb"],
@@ -288,7 +380,37 @@ class PowerSpectrumFunction:
             out["sigma8"] = val["sigma8"]
             out["dlnsigma8"] = jac["sigma8"] / val["sigma8"][:, None]
             out["dlnsigma8_cb"] = jac["sigma8_cb"] / val["sigma8_cb"][:, None]
+        names = [n for n in (*BACKGROUND_OUTPUTS, *self.derived) if n in val]
+        out["background"] = {n: val[n] for n in names}
+        out["dbackground"] = {n: jac[n] for n in names}   # output shape + (n_θ,)
         return out
+
+
+def _solve_grid(k: np.ndarray, h: float, with_sigma8: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(wavenumbers to solve, ascending; index of each requested k in them): the request plus,
+    for σ8, the modes ``modes.sigma8_grid`` adds below and above it (one grid in 1/Mpc, held
+    fixed while h moves: its range has the margin ``SIGMA8_K_RANGE_H`` describes)."""
+    if not with_sigma8:
+        return k, np.arange(k.size)
+    order = np.argsort(k, kind="stable")
+    k_all, _, keep_sorted = modes.sigma8_grid(k[order][None], None, [h])
+    keep = np.empty(k.size, np.int64)
+    keep[order] = keep_sorted
+    return k_all[0], keep
+
+
+def _derived_names(names) -> tuple:
+    """The derived outputs asked for, checked against ``boltzmann.derived.NAMES``."""
+    names = tuple(names)
+    unknown = [n for n in names if n not in derived_mod.NAMES]
+    if unknown:
+        raise ConfigError(f"gradients: unknown derived number(s) {unknown}; known: "
+                          + ", ".join(derived_mod.NAMES))
+    own = [n for n in names if n.startswith(("sigma8", "S8"))]
+    if own:
+        raise ConfigError(f"gradients: {own} are not derived outputs: σ8 is the output "
+                          "'sigma8' (at every z; S8 = sigma8[z=0] (Omega_m/0.3)^1/2 from it)")
+    return names
 
 
 def _one(cosmo: CosmoParams) -> CosmoParams:

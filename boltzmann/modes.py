@@ -72,15 +72,19 @@ def model_for(cosmo, precision, *, de_at_lambda: bool = False):
     """The generated RHS for this cosmology's species content and the precision's ℓmax/n_q.
 
     ``de_at_lambda``: the dark-energy fluid linearised about Λ, for w0/wa derivatives of a Λ
-    cosmology (boltzmann.gradients).
+    cosmology (boltzmann.gradients).  Otherwise a fluid cosmology gets the PPF closure when
+    ``cosmo.use_ppf`` (CLASS's default) and the rest-frame fluid equations when not.
     """
-    key = (int(cosmo.n_ncdm), bool(cosmo.use_fld) and not de_at_lambda, int(precision.l_max_g),
+    fluid = bool(cosmo.use_fld) and not de_at_lambda
+    ppf = fluid and bool(cosmo.use_ppf)
+    key = (int(cosmo.n_ncdm), fluid and not ppf, int(precision.l_max_g),
            int(precision.l_max_pol_g), int(precision.l_max_ur), int(precision.l_max_ncdm),
-           int(precision.n_q_ncdm), bool(de_at_lambda))
+           int(precision.n_q_ncdm), bool(de_at_lambda), ppf)
     return _MODELS.get_or_build(key, lambda: _build_model(*key))
 
 
-def _build_model(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q, de_at_lambda):
+def _build_model(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q, de_at_lambda,
+                 de_ppf):
     species = []
     for _ in range(n_ncdm):
         q, w, dlnf = ncdm_mod.perturbation_quadrature(n_q)
@@ -88,7 +92,7 @@ def _build_model(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_
                                       tuple(map(float, dlnf))))
     return build_eb_model(l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur,
                           ncdm=tuple(species), l_max_ncdm=l_max_ncdm, de_fluid=use_fld,
-                          de_at_lambda=de_at_lambda)
+                          de_at_lambda=de_at_lambda, de_ppf=de_ppf)
 
 
 def _rows_one(model, cosmo, n_k: int, grid: Grid):
@@ -103,8 +107,8 @@ def _rows_one(model, cosmo, n_k: int, grid: Grid):
                                                               + m_over_t ** 2))
         values[f"ncdm_norm_{s}"] = rho["ncdm"][s] / eps_sum
         values[f"ncdm_m_over_T_{s}"] = m_over_t
-    if model.de_fluid or model.de_at_lambda:
-        values.update(rho_de0=rho["fld"], w0=cosmo.w0_fld, wa=cosmo.wa_fld, cs2_de=1.0)
+    if model.de_fluid or model.de_at_lambda or model.de_ppf:
+        values.update(rho_de0=rho["fld"], w0=cosmo.w0_fld, wa=cosmo.wa_fld, cs2_de=cosmo.cs2_fld)
     missing = [n for n in model.param_names if n not in values]
     if missing:
         raise ValueError(f"mode_rows: no value for model parameter(s) {missing}")

@@ -59,7 +59,10 @@ class CosmoParams:
     Leaves (differentiable): the scalars ``h, omega_b, omega_cdm, A_s, n_s, k_pivot, tau_reio,
     YHe, T_cmb, N_ur``, the per-species arrays ``m_ncdm`` [eV], ``deg_ncdm``, ``T_ncdm`` [T_cmb]
     (shape ``(n_ncdm,)``), and ``w0_fld, wa_fld`` (only read when ``use_fld``).  Static structure
-    (pytree aux data): ``use_fld``.  The number of ncdm species is the arrays' length.
+    (pytree aux data): ``use_fld``; with it ``use_ppf`` (the PPF closure of the fluid's
+    perturbations, CLASS's default, or the rest-frame fluid) and ``cs2_fld`` (its rest-frame sound
+    speed², a model setting rather than a fitted parameter).  The number of ncdm species is the
+    arrays' length.
 
     The amplitude is stored as ``A_s`` whichever way it was given; ``ln10_10_A_s`` is derived.
     Construct through :func:`load_config` (validated) or :meth:`make` (no checks).
@@ -81,22 +84,26 @@ class CosmoParams:
     w0_fld: Any = -1.0
     wa_fld: Any = 0.0
     use_fld: bool = False
+    use_ppf: bool = True
+    cs2_fld: float = 1.0
 
     # -- pytree protocol
     def tree_flatten(self):
         leaves = tuple(getattr(self, n) for n in _SCALAR_LEAVES + _ARRAY_LEAVES + _FLD_LEAVES)
-        return leaves, (self.use_fld,)
+        return leaves, (self.use_fld, self.use_ppf, self.cs2_fld)
 
     @classmethod
     def tree_unflatten(cls, aux, leaves):
         names = _SCALAR_LEAVES + _ARRAY_LEAVES + _FLD_LEAVES
-        return cls(**dict(zip(names, leaves)), use_fld=aux[0])
+        return cls(**dict(zip(names, leaves)), use_fld=aux[0], use_ppf=aux[1], cs2_fld=aux[2])
 
     @classmethod
     def make(cls, *, h, omega_b, omega_cdm, n_s, tau_reio, A_s=None, ln10_10_A_s=None,
              k_pivot=0.05, YHe=0.2454, T_cmb=2.7255, N_ur=3.044, m_ncdm=(), deg_ncdm=None,
-             T_ncdm=0.71611, w0_fld=None, wa_fld=None) -> "CosmoParams":
-        """Build from keyword values without range checks (tests, programmatic use)."""
+             T_ncdm=0.71611, w0_fld=None, wa_fld=None, use_ppf=True,
+             cs2_fld=1.0) -> "CosmoParams":
+        """Build from keyword values without range checks (tests, programmatic use); the fluid
+        (and with it ``use_ppf``, ``cs2_fld``) is on when w0_fld or wa_fld is given."""
         if (A_s is None) == (ln10_10_A_s is None):
             raise ConfigError("cosmology: give exactly one of A_s, ln10^{10}A_s")
         amp = A_s if A_s is not None else 1e-10 * math.exp(ln10_10_A_s)
@@ -110,7 +117,8 @@ class CosmoParams:
                    YHe=float(YHe), T_cmb=float(T_cmb), N_ur=float(N_ur), m_ncdm=m,
                    deg_ncdm=deg, T_ncdm=t,
                    w0_fld=float(-1.0 if w0_fld is None else w0_fld),
-                   wa_fld=float(0.0 if wa_fld is None else wa_fld), use_fld=use_fld)
+                   wa_fld=float(0.0 if wa_fld is None else wa_fld), use_fld=use_fld,
+                   use_ppf=bool(use_ppf), cs2_fld=float(cs2_fld))
 
     # -- derived quantities (jnp, differentiable)
     @property
@@ -197,6 +205,8 @@ class CosmoParams:
         if self.use_fld:
             out["w0_fld"] = float(self.w0_fld)
             out["wa_fld"] = float(self.wa_fld)
+            out["use_ppf"] = bool(self.use_ppf)
+            out["cs2_fld"] = float(self.cs2_fld)
         out["H0_1/Mpc"] = float(self.H0)
         out["H0_km/s/Mpc"] = 100.0 * float(self.h)
         out["omega_g"] = float(self.omega_g)
@@ -387,6 +397,41 @@ def _block(data: Mapping, block: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- builders
+def _check_fluid(w0_: float, wa_: float, use_ppf: bool) -> None:
+    """Refuse a w0-wa fluid the chosen perturbation equations cannot evolve.
+
+    Always: w0 + wa <= 0 (w(a -> 0) = w0 + wa; CLASS requires the fluid to be negligible early).
+    Without PPF, also w(a) = -1 anywhere on 0 < a <= 1: the rest-frame fluid equations divide by
+    1 + w.  The PPF closure (boltzmann/modes.py, models/species/dark_energy_ppf.py) has no such
+    division, so with ``use_ppf`` crossing -1, reaching it today and Λ itself (-1, 0) are allowed.
+    """
+    if w0_ + wa_ > 0.0:
+        raise ConfigError(f"cosmology.w0_fld + cosmology.wa_fld = {w0_ + wa_:g} > 0: the fluid "
+                          f"would not be dark energy at early times (w(a->0) = w0 + wa); "
+                          f"allowed w0 + wa <= 0")
+    if use_ppf:
+        return
+    # w(a) is linear in a, so it crosses -1 on 0 < a <= 1 iff w(0) + 1 and w(1) + 1 have
+    # strictly opposite signs; the c_s^2 = 1 rest-frame fluid equations divide by 1 + w there
+    if (w0_ + 1.0) * (w0_ + wa_ + 1.0) < 0.0:
+        raise ConfigError(f"cosmology.w0_fld = {w0_:g}, cosmology.wa_fld = {wa_:g}: w(a) = w0 + "
+                          f"wa (1 - a) crosses -1 (phantom divide) at a = "
+                          f"{1.0 + (w0_ + 1.0) / wa_:.4g}; with cosmology.use_ppf = false the "
+                          f"rest-frame fluid perturbation equations divide by 1 + w and diverge "
+                          f"there. Set cosmology.use_ppf: true (the PPF closure, CLASS's "
+                          f"default) or keep w0 + 1 and w0 + wa + 1 of the same sign")
+    # w(a = 1) = -1: the fluid equations divide by 1 + w = 0 today
+    if w0_ == -1.0:
+        hint = ("that is a cosmological constant: leave w0_fld and wa_fld out (derivatives "
+                "with respect to them at Λ are still available, docs/gradients.md) or use "
+                "cosmology.use_ppf: true"
+                if wa_ == 0.0 else
+                "w(a) reaches -1 today (a = 1), where the rest-frame fluid equations (with "
+                "cosmology.use_ppf = false) divide by 1 + w = 0; move w0_fld off -1 or set "
+                "cosmology.use_ppf: true")
+        raise ConfigError(f"cosmology.w0_fld = -1 with cosmology.wa_fld = {wa_:g}: {hint}")
+
+
 def _build_cosmology(c: dict) -> CosmoParams:
     if ("A_s" in c) == ("ln10^{10}A_s" in c):
         given = "both" if "A_s" in c else "neither"
@@ -407,34 +452,23 @@ def _build_cosmology(c: dict) -> CosmoParams:
             raise ConfigError(f"cosmology.T_ncdm = {t} has {len(t)} entries but "
                               f"cosmology.m_ncdm = {m} has {n}; give one number or one per species")
     w0, wa = c.get("w0_fld"), c.get("wa_fld")
-    if w0 is not None or wa is not None:
-        w0_, wa_ = (-1.0 if w0 is None else w0), (0.0 if wa is None else wa)
-        if w0_ + wa_ > 0.0:
-            raise ConfigError(f"cosmology.w0_fld + cosmology.wa_fld = {w0_ + wa_:g} > 0: the fluid "
-                              f"would not be dark energy at early times (w(a->0) = w0 + wa); "
-                              f"allowed w0 + wa <= 0")
-        # w(a) is linear in a, so it crosses -1 on 0 < a <= 1 iff w(0) + 1 and w(1) + 1 have
-        # strictly opposite signs; the c_s^2 = 1 rest-frame fluid equations divide by 1 + w there
-        if (w0_ + 1.0) * (w0_ + wa_ + 1.0) < 0.0:
-            raise ConfigError(f"cosmology.w0_fld = {w0_:g}, cosmology.wa_fld = {wa_:g}: w(a) = w0 + "
-                              f"wa (1 - a) crosses -1 (phantom divide) at a = "
-                              f"{1.0 + (w0_ + 1.0) / wa_:.4g}; the fluid perturbation equations "
-                              f"(c_s^2 = 1, no PPF) diverge there and PPF is not implemented. Keep "
-                              f"w0 + 1 and w0 + wa + 1 of the same sign")
-        # w(a = 1) = -1: the fluid equations divide by 1 + w = 0 today
-        if w0_ == -1.0:
-            hint = ("that is a cosmological constant: leave w0_fld and wa_fld out (derivatives "
-                    "with respect to them at Λ are still available, docs/gradients.md)"
-                    if wa_ == 0.0 else
-                    "w(a) reaches -1 today (a = 1), where the c_s^2 = 1 fluid equations (no PPF) "
-                    "divide by 1 + w = 0; move w0_fld off -1")
-            raise ConfigError(f"cosmology.w0_fld = -1 with cosmology.wa_fld = {wa_:g}: {hint}")
+    use_ppf = c.get("use_ppf", COSMOLOGY_TABLE["use_ppf"].default)
+    if w0 is None and wa is None:
+        given = [name for name in ("use_ppf", "cs2_fld") if name in c]
+        if given:
+            raise ConfigError(f"cosmology.{given[0]} = {c[given[0]]!r} applies to the w0-wa dark-"
+                              f"energy fluid, but there is none (a cosmological constant): give "
+                              f"cosmology.w0_fld and/or cosmology.wa_fld, or leave "
+                              f"cosmology.{given[0]} out")
+    else:
+        _check_fluid(-1.0 if w0 is None else w0, 0.0 if wa is None else wa, use_ppf)
     cosmo = CosmoParams.make(
         h=c["h"], omega_b=c["omega_b"], omega_cdm=c["omega_cdm"], n_s=c["n_s"],
         tau_reio=c["tau_reio"], A_s=c.get("A_s"), ln10_10_A_s=c.get("ln10^{10}A_s"),
         k_pivot=c.get("k_pivot", 0.05), YHe=c.get("YHe", 0.2454),
         T_cmb=c.get("T_cmb", 2.7255), N_ur=c.get("N_ur", 3.044), m_ncdm=m, deg_ncdm=deg,
-        T_ncdm=t, w0_fld=w0, wa_fld=wa)
+        T_ncdm=t, w0_fld=w0, wa_fld=wa, use_ppf=use_ppf,
+        cs2_fld=c.get("cs2_fld", COSMOLOGY_TABLE["cs2_fld"].default))
     if "ln10^{10}A_s" in c and cosmo.A_s not in COSMOLOGY_TABLE["A_s"].allowed:
         raise ConfigError(f"cosmology.ln10^{{10}}A_s = {c['ln10^{10}A_s']} gives A_s = "
                           f"{cosmo.A_s:g}, outside {COSMOLOGY_TABLE['A_s'].allowed}")

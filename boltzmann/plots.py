@@ -1,4 +1,5 @@
-"""pk.png: the linear matter power spectrum per redshift, optionally against a reference file.
+"""pk.png: the linear matter power spectrum per redshift, optionally against a reference file;
+cl.png: the CMB spectra (``plot_cl``), optionally against CLASS.
 
 Headless (Agg). With a reference (a pk.csv in the output-contract layout, e.g. the CLASS file
 tests/data/class_lcdm_pk.csv), a second panel shows ours/reference - 1 (in units of 1e-3) for every column the two
@@ -151,3 +152,110 @@ def plot_dpk(path, k, dlnpk, zs: Sequence[float], parameters: Sequence[str], tit
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return fig
+
+
+# ----------------------------------------------------------------------------- CMB spectra
+#: cl.png's panels, in this order when computed
+CL_PANELS = ("TT", "EE", "TE", "BB", "PP")
+_CL_LABELS = {"TT": r"$D_\ell^{TT}$  [$\mu$K$^2$]", "EE": r"$D_\ell^{EE}$  [$\mu$K$^2$]",
+              "TE": r"$D_\ell^{TE}$  [$\mu$K$^2$]", "BB": r"$D_\ell^{BB}$  [$\mu$K$^2$]",
+              "PP": r"$[\ell(\ell+1)]^2 C_\ell^{\phi\phi}/2\pi$"}
+
+
+def cl_ratio(ours: dict, ref: dict, name: str, ell, ell_ref):
+    """(ℓ shared with the reference, ours/ref - 1) of one spectrum of two {name: D_ℓ} dicts; TE,
+    which crosses zero, as ΔD^TE/√(D^TT D^EE) of the reference (as the accuracy targets say)."""
+    ell, ell_ref = np.asarray(ell), np.asarray(ell_ref)
+    common, i, j = np.intersect1d(ell, ell_ref, return_indices=True)
+    if name == "TE":
+        if not {"TT", "EE"} <= set(ref):
+            return common[:0], common[:0].astype(float)
+        scale = np.sqrt(np.abs(ref["TT"][j] * ref["EE"][j]))
+        return common, (ours[name][i] - ref[name][j]) / scale
+    return common, ours[name][i] / ref[name][j] - 1.0
+
+
+def _cl_curves(spectra) -> tuple[dict, dict | None]:
+    """(the D_ℓ drawn: lensed where computed, PP always unlensed; the unlensed ones drawn thin
+    beside them, or None)."""
+    unlensed = spectra.d_ell()
+    if spectra.lensed is None:
+        return unlensed, None
+    shown = spectra.d_ell(lensed=True)
+    if "PP" in unlensed:
+        shown["PP"] = unlensed["PP"]
+    return shown, unlensed
+
+
+def plot_cl(path, spectra, reference=None, reference_label: str = "CLASS",
+            title: str | None = None, note: str | None = None):
+    """Write cl.png: one panel per computed spectrum (D_ℓ of TT, EE, TE, BB [μK²] and
+    [ℓ(ℓ+1)]² C_ℓ^φφ/2π), lensed where computed (the unlensed thin and dashed beside), and — with
+    a ``reference`` (a ClSpectra, e.g. CLASS's from boltzmann.class_reference) — a ratio row:
+    ours/reference - 1 in units of 1e-3 (TE: ΔD/√(D^TT D^EE)), lensed against lensed, with the
+    ±1e-3 guides of the accuracy targets. ``note`` replaces the ratio row by a line of text (why
+    no reference). Returns the (closed) Figure."""
+    shown, thin = _cl_curves(spectra)
+    names = [n for n in CL_PANELS if n in shown]
+    ell = np.asarray(spectra.ell, dtype=float)
+    ref_shown = None
+    if reference is not None:
+        ref_shown, _ = _cl_curves(reference)
+    rows = 2 if reference is not None else 1
+    fig, axes = plt.subplots(rows, len(names), figsize=(3.3 * len(names), 3.2 + 1.8 * (rows - 1)),
+                             squeeze=False, sharex="col",
+                             gridspec_kw={"height_ratios": [2.2, 1.0][:rows], "hspace": 0.06})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lensed_text = "lensed" if spectra.lensed is not None else "unlensed"
+    for i, name in enumerate(names):
+        ax = axes[0][i]
+        kind = "unlensed" if name == "PP" else lensed_text
+        ax.plot(ell, shown[name], color=colors[i % len(colors)], lw=1.3, label=f"ours, {kind}")
+        if thin is not None and name in thin and name != "PP":
+            ax.plot(ell, thin[name], color=colors[i % len(colors)], lw=0.7, ls="--",
+                    label="ours, unlensed")
+        if ref_shown is not None and name in ref_shown:
+            ax.plot(np.asarray(reference.ell), ref_shown[name], color="k", lw=0.7, ls=":",
+                    label=reference_label)
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # crowded for small ℓ
+        if name != "TE" and np.all(shown[name] > 0):
+            ax.set_yscale("log")
+        ax.set_title(_CL_LABELS[name], fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.tick_params(which="both", labelsize=7)
+        if i == 0:
+            ax.legend(fontsize=7, frameon=False)
+        if rows == 1:
+            ax.set_xlabel(r"$\ell$")
+    if reference is not None:
+        for i, name in enumerate(names):
+            ax = axes[1][i]
+            if name in ref_shown:
+                common, ratio = cl_ratio(shown, ref_shown, name, spectra.ell, reference.ell)
+                ax.semilogx(common, ratio / RATIO_UNIT, lw=1.0, color=colors[i % len(colors)])
+            else:
+                ax.text(0.5, 0.5, f"no {name} in the reference", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=7)
+            for level in (GUIDE_LEVEL, -GUIDE_LEVEL):
+                ax.axhline(level / RATIO_UNIT, color="0.5", lw=0.8, ls="--")
+            ax.axhline(0.0, color="0.2", lw=0.6)
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_xlabel(r"$\ell$")
+            ax.grid(True, which="major", alpha=0.3)
+            ax.tick_params(which="both", labelsize=7)
+        what = r"$\Delta D/\sqrt{D^{TT}D^{EE}}$ for TE"
+        axes[1][0].set_ylabel(f"ours / {reference_label} $-$ 1  [$10^{{-3}}$]\n({what})",
+                              fontsize=7)
+    elif note:
+        fig.text(0.01, -0.04, note, ha="left", va="top", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return fig
+
+
+__all__ += ["plot_cl", "cl_ratio", "CL_PANELS"]

@@ -82,8 +82,15 @@ COSMOLOGY_TABLE: dict[str, Key] = {
     "w0_fld": Key("float", None, Interval(-3.0, 0.0), "-",
                   "CPL dark-energy fluid w0; setting w0_fld or wa_fld replaces Lambda by the fluid"),
     "wa_fld": Key("float", None, Interval(-5.0, 5.0), "-",
-                  "CPL dark-energy fluid wa, w(a) = w0 + wa (1 - a); needs w0 + wa <= 0 and w(a) "
-                  "not crossing or reaching -1 for 0 < a <= 1 (no PPF)"),
+                  "CPL dark-energy fluid wa, w(a) = w0 + wa (1 - a); needs w0 + wa <= 0, and "
+                  "with use_ppf = false w(a) not crossing or reaching -1 for 0 < a <= 1"),
+    "use_ppf": Key("bool", True, None, "-",
+                   "fluid perturbations in the PPF closure (Fang, Hu & Lewis 2008; CLASS's "
+                   "default), smooth through w = -1; false: the rest-frame fluid equations, "
+                   "which need 1 + w of one sign. Only with w0_fld/wa_fld"),
+    "cs2_fld": Key("float", 1.0, Interval(0.0, 1.0), "-",
+                   "rest-frame sound speed^2 of the fluid (PPF: transition scale c_Gamma = "
+                   "0.4 c_s). Only with w0_fld/wa_fld"),
 }
 
 OUTPUT_TABLE: dict[str, Key] = {

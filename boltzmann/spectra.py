@@ -135,7 +135,11 @@ def _fine_point_count(lnk: np.ndarray, kR_max: float, points_per_period: int, po
     # W^2 oscillates with period pi in x = kR, i.e. pi/x in ln k.
     n_osc = points_per_period * span * max(kR_max, 1.0) / math.pi
     n_grid = points_per_interval * (lnk.size - 1)
-    n = int(math.ceil(max(n_osc, n_grid, 257)))
+    n = max(n_osc, n_grid, 257)
+    # rounded up to a ladder of sizes 2^(j/8) (+ 1, odd): the count moves with h and the k
+    # range, and every new count is a new compilation of _sigma2_on_fine_grid that JAX keeps;
+    # on the ladder a sampler's changing cosmologies reuse a few (memory stays flat)
+    n = int(math.ceil(2.0 ** (math.ceil(8.0 * math.log2(n)) / 8.0)))
     return n + 1 if n % 2 == 0 else n
 
 

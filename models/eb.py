@@ -18,6 +18,8 @@ Species / state (see ``EBModel.state_names``), [emitter module in models/species
                                                                           [massive_neutrinos]
   delta_de, theta_de   w0-wa dark-energy fluid (optional; CLASS fluid equations, rest-frame
                        sound speed cs2_de), or its form linearised at Λ         [dark_energy]
+  Gamma_de             w0-wa dark energy in the PPF closure (optional; smooth through w = -1)
+                                                                            [dark_energy_ppf]
 Hierarchies are closed with MB95 eq. 51 (free streaming, (l+1)/tau term, tau conformal time).
 
 The RHS is emitted as straight-line Python over scalars: ``y[<int>]`` and ``p[<int>]`` only, every
@@ -55,6 +57,7 @@ from .species.background import Background
 from .species.baryons_cdm import BaryonsCdm
 from .species.base import Derivatives, Layout, Observables, Sources
 from .species.dark_energy import DarkEnergyAtLambda, DarkEnergyFluid
+from .species.dark_energy_ppf import DarkEnergyPPF
 from .species.hierarchy import free_streaming_comment
 from .species.massive_neutrinos import MassiveNeutrinos, NcdmQuadrature
 from .species.massless_neutrinos import MasslessNeutrinos
@@ -91,6 +94,8 @@ class EBModel:
     #: J = ∂rhs/∂y derived from the linear source (models.linear_jacobian.LinearJacobian); also
     #: attached to the rhs as ``rhs.linear_jacobian``
     linear_jacobian: object = field(default=None, repr=False, compare=False)
+    #: w0-wa dark energy in the PPF closure (models/species/dark_energy_ppf.py)
+    de_ppf: bool = False
 
     def index(self, name: str) -> int:
         """Position of a state variable by name (ValueError if absent)."""
@@ -128,7 +133,8 @@ class EBModel:
         Keys: d_g, d_b, d_cdm, d_ur, d_ncdm[s], d_m (cdm+b+ncdm, density weighted), d_cb,
         t_g, t_b, t_ur, t_ncdm[s], h_prime, eta, eta_prime, h (= -2 delta_cdm, exact for the
         adiabatic initial conditions of models.initial_conditions), phi, psi (Newtonian
-        potentials from MB95 eq. 18), d_de/t_de with the fluid, plus a, conformal_hubble.
+        potentials from MB95 eq. 18), d_de/t_de with the fluid, d_de/Gamma_de with PPF, plus a,
+        conformal_hubble.
         """
         return self.observables_fn(y, x, p, tab)
 
@@ -142,7 +148,8 @@ def _compile(source, math_module, table_ops):
 
 def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
                    ncdm: Sequence[NcdmQuadrature] = (), l_max_ncdm: int = 20,
-                   de_fluid: bool = False, de_at_lambda: bool = False) -> EBModel:
+                   de_fluid: bool = False, de_at_lambda: bool = False,
+                   de_ppf: bool = False) -> EBModel:
     """Generate and compile the synchronous-gauge EB model.
 
     Defaults: photon/polarisation (20, 15) as the CLASS reference run; l_max_ur = 50 because the
@@ -155,7 +162,10 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
       ln a grid of ``tab``; n_grid is ``tab.shape[-1]``); rho_g0, rho_b0, rho_cdm0, rho_ur0
       (8 pi G rho / 3 today, 1/Mpc^2); per ncdm species s: ncdm_norm_s (rho~_s(a) a^4 =
       norm * sum_i w_i eps_i) and ncdm_m_over_T_s (mass over the species' temperature today);
-      with ``de_fluid`` or ``de_at_lambda``: rho_de0, w0, wa, cs2_de.
+      with ``de_fluid``, ``de_at_lambda`` or ``de_ppf``: rho_de0, w0, wa, cs2_de.
+
+    ``de_ppf``: the w0-wa dark energy in the parametrised post-Friedmann closure (one state Γ,
+    no division by 1 + w, so w(a) may cross -1; equations in models/species/dark_energy_ppf.py).
 
     ``de_at_lambda``: the w0-wa fluid linearised about Λ, for derivatives at w0 = -1, wa = 0.
     There the c_s² = 1 fluid is singular (θ' has c_s² k² δ/(1+w), c_a² has w'/(1+w)) and its
@@ -174,8 +184,8 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
     ∂/∂w0 = D_(1,0) and ∂/∂wa = D_(1,1) - D_(1,0) — the definition of CLASS's finite-difference
     reference (tests/data/class_dlnpk_dtheta.yaml).  Only meant for derivatives at Λ.
     """
-    if de_fluid and de_at_lambda:
-        raise ValueError("de_fluid and de_at_lambda are exclusive")
+    if int(bool(de_fluid)) + int(bool(de_at_lambda)) + int(bool(de_ppf)) > 1:
+        raise ValueError("de_fluid, de_at_lambda and de_ppf are exclusive")
     for name, value, low in (("l_max_g", l_max_g, 4), ("l_max_pol_g", l_max_pol_g, 4),
                              ("l_max_ur", l_max_ur, 4), ("l_max_ncdm", l_max_ncdm, 4)):
         if int(value) != value or value < low:
@@ -183,10 +193,11 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
     ncdm = tuple(s if isinstance(s, NcdmQuadrature) else NcdmQuadrature(*map(tuple, s))
                  for s in ncdm)
 
-    em = emitters(l_max_g, l_max_pol_g, l_max_ur, ncdm, l_max_ncdm, de_fluid, de_at_lambda)
+    em = emitters(l_max_g, l_max_pol_g, l_max_ur, ncdm, l_max_ncdm, de_fluid, de_at_lambda,
+                  de_ppf)
     return _compose(em, model_args=dict(
         l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur, l_max_ncdm=l_max_ncdm,
-        ncdm=ncdm, de_fluid=de_fluid, de_at_lambda=de_at_lambda))
+        ncdm=ncdm, de_fluid=de_fluid, de_at_lambda=de_at_lambda, de_ppf=de_ppf))
 
 
 class Emitters(NamedTuple):
@@ -203,11 +214,15 @@ class Emitters(NamedTuple):
     owners: tuple
 
 
-def emitters(l_max_g, l_max_pol_g, l_max_ur, ncdm, l_max_ncdm, de_fluid, de_at_lambda) -> Emitters:
-    """One emitter per species for these (validated) arguments of :func:`build_eb_model`."""
+def emitters(l_max_g, l_max_pol_g, l_max_ur, ncdm, l_max_ncdm, de_fluid, de_at_lambda,
+             de_ppf=False) -> Emitters:
+    """One emitter per species for these (validated) arguments of :func:`build_eb_model`.
+
+    The dark energy comes last: the PPF closure reads the other species' Einstein terms."""
     photons, cold, ur = Photons(l_max_g, l_max_pol_g), BaryonsCdm(), MasslessNeutrinos(l_max_ur)
     massive = [MassiveNeutrinos(s, sp, l_max_ncdm) for s, sp in enumerate(ncdm)]
-    dark = [DarkEnergyFluid()] if de_fluid else [DarkEnergyAtLambda()] if de_at_lambda else []
+    dark = ([DarkEnergyFluid()] if de_fluid else [DarkEnergyAtLambda()] if de_at_lambda
+            else [DarkEnergyPPF()] if de_ppf else [])
     metric = Metric()
     return Emitters(Background(), metric, (photons, cold, ur, *massive, *dark),
                     (metric, cold, photons, ur, *massive, *dark))

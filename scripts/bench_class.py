@@ -62,7 +62,7 @@ def class_params(cfg) -> dict:
                     deg_ncdm=_join(np.asarray(c.deg_ncdm)), T_ncdm=_join(t))
     if c.use_fld:
         pars.update(Omega_Lambda=0.0, w0_fld=float(c.w0_fld), wa_fld=float(c.wa_fld),
-                    cs2_fld=1.0, use_ppf="no")
+                    cs2_fld=float(c.cs2_fld), use_ppf="yes" if c.use_ppf else "no")
     zs = [float(z) for z in cfg.output.z]
     k = cfg.output.k_grid(float(c.h))
     pars.update({"output": "mPk,mTk", "gauge": "synchronous", "z_pk": _join(zs),

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from boltzmann import derived, distances, ensemble, load_config, modes
+from boltzmann.gradients import DERIVED_OUTPUTS, PowerSpectrumFunction
 from boltzmann.output import read_pk_csv
 
 DATA = Path(__file__).parent / "data"
@@ -141,13 +142,20 @@ def _tiny(k_max):
     return cfg, prec, out
 
 
-def test_sigma8_whatever_the_k_range():
-    """k_max = 0.4 h/Mpc (too short for σ8): the run solves the modes σ8 needs, reports P(k) on
-    the requested grid only, and σ8 equals a run to 10 h/Mpc within 1e-5 (at both redshifts)."""
+@pytest.fixture(scope="module")
+def short_and_long():
+    """The tiny run with k_max = 0.4 h/Mpc (too short for σ8) and with 10 h/Mpc."""
     cfg, prec, out_short = _tiny(10 ** -0.4)
     _, _, out_long = _tiny(10.0)
     short = ensemble.run_ensemble([cfg.cosmology], prec, out_short, backend="jax")
     long = ensemble.run_ensemble([cfg.cosmology], prec, out_long, backend="jax")
+    return cfg, prec, out_short, short, long
+
+
+def test_sigma8_whatever_the_k_range(short_and_long):
+    """k_max = 0.4 h/Mpc (too short for σ8): the run solves the modes σ8 needs, reports P(k) on
+    the requested grid only, and σ8 equals a run to 10 h/Mpc within 1e-5 (at both redshifts)."""
+    cfg, prec, out_short, short, long = short_and_long
     assert short.failures() == [] and long.failures() == []
     assert short.spectra.problems == [] and long.spectra.problems == []
     k_req = out_short.k_grid(float(cfg.cosmology.h))
@@ -178,3 +186,56 @@ def test_sigma8_grid_extends_only_what_is_missing():
     assert kh is None and k.shape[0] == 2 and np.all(k[0] == k[1])
     assert k[0, 0] <= 1e-3 * 0.6 and k[0, -1] >= 5.0 * 0.8
     np.testing.assert_array_equal(k[0, keep], k_file)
+
+
+def test_power_spectrum_function_sigma8_background_and_derived(short_and_long):
+    """The differentiable function on the short k range: σ8 from the modes it adds (the same
+    wavenumbers as the CLI's, so σ8 as the CLI's and within 1e-5 of the long run), P(k) on the
+    request only, and the background and derived outputs equal to background.csv's and
+    summary.json's functions (``derived.background_table``, ``derived.result_values``)."""
+    cfg, prec, out_short, short, long = short_and_long
+    config = dataclasses.replace(cfg, precision=prec, output=out_short)
+    fn = PowerSpectrumFunction(config, parameters=("h", "omega_b"), k=short.k[0],
+                               z=short.z, n_chunks=1)
+    np.testing.assert_allclose(fn.k_solve, short.spectra.sigma8_k[0], rtol=1e-14)
+    np.testing.assert_array_equal(fn.k_solve[fn.keep], short.k[0])
+    values = {name: np.asarray(v) for name, v in fn().items()}
+    assert values["P_m"].shape == (2, short.k.shape[1])
+    # the differentiable solve takes its own steps (solve_diff, rtol 1e-4 here): measured
+    # P_m 2.6e-6 apart, σ8 5.7e-7 from the short run's and 1.2e-6 from the long run's
+    np.testing.assert_allclose(values["P_m"], short.spectra.pk_m[0], rtol=2e-5)
+    np.testing.assert_allclose(values["sigma8"], short.spectra.sigma8[0], rtol=1e-5)
+    np.testing.assert_allclose(values["sigma8"], long.spectra.sigma8[0], rtol=1e-5)
+    # background.csv's columns at z_background (the config's: 1.0)
+    np.testing.assert_array_equal(fn.z_background, out_short.z_background)
+    table = derived.background_table(cfg.cosmology, fn.z_background)
+    for ours, theirs in (("H", "H_1/Mpc"), ("D_A", "D_A_Mpc"), ("D_M", "D_M_Mpc"), ("f", "f")):
+        np.testing.assert_allclose(values[ours], table[theirs], rtol=1e-12, err_msg=ours)
+    cli = derived.result_values(short)
+    for name in DERIVED_OUTPUTS:
+        assert float(values[name]) == pytest.approx(cli[name], rel=1e-10), name
+    # the cheap background-only function gives the same numbers
+    alone = fn.background()
+    for name in ("D_A", "rs_d", "100*theta_s"):
+        np.testing.assert_array_equal(np.asarray(alone[name]), values[name])
+
+
+def test_background_outputs_are_differentiable_in_theta():
+    """jax.jacfwd of PowerSpectrumFunction.background (H, D_A, D_M, f in h and omega_cdm)
+    equals central differences (the derived numbers' derivatives, through the thermodynamics,
+    are checked against the full Jacobian in test_gradients.py)."""
+    cfg, prec, out = _tiny(10 ** -0.4)
+    config = dataclasses.replace(cfg, precision=prec, output=out)
+    fn = PowerSpectrumFunction(config, parameters=("h", "omega_cdm"), k=np.array([0.01]),
+                               with_sigma8=False, z_background=(0.3, 1.0, 2.3), derived=())
+    jac = jax.jit(jax.jacfwd(fn.background))(fn.theta0)
+    assert set(jac) == {"H", "D_A", "D_M", "D_H", "f", "D"}
+    theta0 = np.asarray(fn.theta0)
+    for j, step in enumerate((1e-4, 1e-5)):
+        e = np.zeros(2)
+        e[j] = step
+        up, down = fn.background(theta0 + e), fn.background(theta0 - e)
+        for name in ("H", "D_A", "D_M", "f"):
+            fd = (np.asarray(up[name]) - np.asarray(down[name])) / (2 * step)
+            np.testing.assert_allclose(np.asarray(jac[name])[..., j], fd, rtol=2e-6,
+                                       err_msg=f"{name}, θ_{j}")

@@ -3,18 +3,23 @@ for its import, CLASS's parameter names translated, unsupported options refused 
 
 One test-sized configuration (massless neutrinos, short hierarchies, k to 1 h/Mpc) runs through
 the CLI and through ``Class`` with the same CLASS-named parameters; both are the same pipeline, so
-the numbers agree to rounding.
+the numbers agree to rounding. The C_ℓ tests (raw_cl, lensed_cl, the CLI's cl.csv, cl.png and its
+``--compare`` against CLASS) use the smallest CMB run the stage allows: l_max = 30, lensed (so
+the unlensed spectra run to ℓ = 1030), with the same short hierarchies.
 """
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from boltzmann import class_input, cli, pipeline
+from boltzmann import class_input, cli, pipeline, plots
 from boltzmann.classy import (Class, ClNotAvailable, CosmoSevereError, UnsupportedOption)
 from boltzmann.output import read_pk_csv
+
+DATA = Path(__file__).parent / "data"
 
 COSMOLOGY = {"h": 0.6736, "omega_b": 0.02237, "omega_cdm": 0.12, "A_s": 2.1e-9, "n_s": 0.9649,
              "tau_reio": 0.0544, "YHe": 0.2454, "N_ur": 3.044}
@@ -196,8 +201,6 @@ def test_translation_of_class_names():
     ({"100*theta_s": 1.04}, ["100*theta_s", "h or H0"]),
     ({"z_reio": 7.7}, ["z_reio", "tau_reio"]),
     ({"YHe": "BBN"}, ["YHe", "number"]),
-    ({"w0_fld": -0.9, "use_ppf": "yes"}, ["use_ppf", "no"]),
-    ({"cs2_fld": 0.5, "w0_fld": -0.9}, ["cs2_fld", "1"]),
     ({"output": "mPk,sd"}, ["output", "'sd'"]),
     ({"modes": "s,t"}, ["modes", "scalar"]),
     ({"recombination": "HyRec"}, ["recombination", "leave"]),
@@ -216,10 +219,12 @@ def test_unsupported_options_raise_clear_errors(pars, needles):
 
 
 def test_queries_outside_what_was_computed_raise(cosmo):
-    with pytest.raises(ClNotAvailable, match="classy"):
+    with pytest.raises(ClNotAvailable, match="No Cl computed: add tCl"):
         cosmo.raw_cl(2500)
-    with pytest.raises(NotImplementedError, match="lensed"):
+    with pytest.raises(CosmoSevereError, match="No Cl computed"):
         cosmo.lensed_cl(2500)
+    with pytest.raises(ClNotAvailable, match="CLASS itself"):
+        cosmo.density_cl()
     with pytest.raises(CosmoSevereError, match="P_k_max"):
         cosmo.pk_lin(5.0, 0.0)
     with pytest.raises(CosmoSevereError, match="z_max_pk"):
@@ -253,3 +258,226 @@ def test_background_only_run_gives_background_and_derived(cosmo):
     with pytest.raises(CosmoSevereError, match="mPk"):
         c.sigma8()
     assert math.isfinite(c.age())
+
+
+# ------------------------------------------------------------------ C_ℓ
+L_MAX = 30
+CL_CONFIG_OUTPUT = {"z": [0.0], "k_max": K_MAX_H, "k_per_decade": K_PER_DECADE,
+                    "cl": ["TT", "EE", "TE", "BB", "PP"], "l_max": L_MAX, "lensing": True}
+#: the same in CLASS's names (the P(k) part as the CLI's: k to 1 h/Mpc at z = 0)
+CL_PARAMETERS = {**COSMOLOGY, "output": "tCl,pCl,lCl,mPk", "lensing": "yes",
+                 "l_max_scalars": L_MAX, "P_k_max_h/Mpc": K_MAX_H,
+                 "k_per_decade_for_pk": K_PER_DECADE, "l_max_g": 6, "l_max_pol_g": 4,
+                 "l_max_ur": 6, "tol_perturbations_integration": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def cl_cli_run(tmp_path_factory):
+    """The CLI with C_ℓ (plots on; ``--compare`` when classy is installed):
+    (in-memory result, output folder, stderr)."""
+    import io
+
+    from boltzmann import class_reference
+
+    folder = tmp_path_factory.mktemp("facade_cl")
+    config = {"name": "facade_cl", "cosmology": COSMOLOGY, "precision": PRECISION,
+              "output": CL_CONFIG_OUTPUT}
+    (folder / "facade_cl.yaml").write_text(yaml.safe_dump(config))
+    captured = {}
+
+    def run(cfg, **kwargs):
+        captured["result"] = pipeline.run(cfg, **kwargs)
+        return captured["result"]
+
+    figures = []
+    original = plots.plot_cl
+
+    def plot_cl(*args, **kwargs):
+        figures.append(original(*args, **kwargs))
+        return figures[-1]
+
+    err = io.StringIO()
+    argv = ["--config", str(folder / "facade_cl.yaml"), "--out", str(folder / "out"), "--quiet",
+            "--backend", "jax"] + (["--compare"] if class_reference.available() else [])
+    plots.plot_cl = plot_cl
+    try:
+        code = cli.main(argv, run=run, stderr=err)
+    finally:
+        plots.plot_cl = original
+    assert code == 0, err.getvalue()
+    return captured["result"], folder / "out", err.getvalue(), figures
+
+
+@pytest.fixture(scope="module")
+def cl_cosmo():
+    c = Class(backend="jax")
+    c.set(CL_PARAMETERS)
+    c.compute()
+    return c
+
+
+def _dimensionless(d_ell, ell, T_cmb, pp=False):
+    """cl.csv's D_ℓ (μK²; PP: [ℓ(ℓ+1)]² C/2π) → classy's dimensionless C_ℓ."""
+    f = ell * (ell + 1.0) / (2 * math.pi)
+    return d_ell / (f * ell * (ell + 1.0)) if pp else d_ell / f / (1e6 * T_cmb) ** 2
+
+
+def test_raw_and_lensed_cl_are_the_clis_numbers(cl_cli_run, cl_cosmo):
+    result, out, _, _ = cl_cli_run
+    spectra = result.cl
+    T = spectra.T_cmb
+    raw, lensed = cl_cosmo.raw_cl(), cl_cosmo.lensed_cl(L_MAX)
+    assert set(raw) == set(lensed) == {"ell", "tt", "ee", "te", "bb", "pp"}
+    for cls in (raw, lensed):
+        np.testing.assert_array_equal(cls["ell"], np.arange(L_MAX + 1))
+        for name in ("tt", "ee", "te", "bb", "pp"):
+            assert cls[name].shape == (L_MAX + 1,) and np.all(cls[name][:2] == 0.0)
+    ell = spectra.ell
+    t2 = (1e6 * T) ** 2
+    # the in-memory numbers of the CLI run (doubles) to 1e-12
+    for name in ("TT", "EE", "TE"):
+        np.testing.assert_allclose(raw[name.lower()][ell], spectra.cl[name] / t2, rtol=1e-12)
+    for name in ("TT", "EE", "TE", "BB"):
+        np.testing.assert_allclose(lensed[name.lower()][ell], spectra.lensed[name] / t2,
+                                   rtol=1e-12)
+    np.testing.assert_allclose(raw["pp"][ell], spectra.cl["PP"], rtol=1e-12)
+    np.testing.assert_array_equal(lensed["pp"], raw["pp"])      # CLASS's lensed_cl: unlensed φφ
+    assert np.all(raw["bb"] == 0.0) and np.all(lensed["bb"][2:] > 0)
+    # and cl.csv / cl_lensed.csv, converted (the files hold 10 significant digits)
+    e, cols = read_pk_csv(out / "cl.csv")
+    e = e.astype(int)
+    for name in ("TT", "EE", "TE"):
+        np.testing.assert_allclose(raw[name.lower()][e], _dimensionless(cols[name], e, T),
+                                   rtol=1e-9)
+    np.testing.assert_allclose(raw["pp"][e], _dimensionless(cols["PP"], e, T, pp=True), rtol=1e-9)
+    e, cols = read_pk_csv(out / "cl_lensed.csv")
+    e = e.astype(int)
+    for name in ("TT", "EE", "TE", "BB"):
+        np.testing.assert_allclose(lensed[name.lower()][e], _dimensionless(cols[name], e, T),
+                                   rtol=1e-9)
+    assert cl_cosmo.raw_cl(10)["tt"].shape == (11,)
+    with pytest.raises(CosmoSevereError, match=f"Can only compute up to lmax={L_MAX}"):
+        cl_cosmo.lensed_cl(L_MAX + 1)
+
+
+#: a classy script for lensed C_ℓ as one finds them; only the import line differs (test below)
+CLASSY_CL_SCRIPT = '''
+from classy import Class
+import numpy as np
+
+cosmo = Class()
+cosmo.set(PARAMETERS)
+cosmo.set({"output": "tCl,pCl,lCl", "lensing": "yes", "l_max_scalars": 30})
+cosmo.compute()
+cls = cosmo.lensed_cl(30)
+ell = cls["ell"][2:]
+dl_tt = ell * (ell + 1) / (2 * np.pi) * cls["tt"][2:] * (1e6 * cosmo.T_cmb()) ** 2   # muK^2
+dl_ee = ell * (ell + 1) / (2 * np.pi) * cls["ee"][2:] * (1e6 * cosmo.T_cmb()) ** 2
+raw = cosmo.raw_cl()
+cosmo.struct_cleanup()
+cosmo.empty()
+'''
+#: the script's parameters: the test-sized cosmology and hierarchies (no mPk: C_ℓ alone)
+SCRIPT_CL_PARAMETERS = {**COSMOLOGY, "l_max_g": 6, "l_max_pol_g": 4, "l_max_ur": 6,
+                        "tol_perturbations_integration": 1e-4}
+
+
+def _run_cl_script(source):
+    names = {"PARAMETERS": dict(SCRIPT_CL_PARAMETERS)}
+    exec(compile(source, "classy_cl_script", "exec"), names)
+    return names
+
+
+def test_classy_cl_script_runs_with_one_changed_import(cl_cli_run):
+    """Without mPk the facade runs the CMB stage alone (no P(k) modes): the same C_ℓ as the
+    CLI's run, which solved the P(k) modes too."""
+    source = CLASSY_CL_SCRIPT.replace("from classy import Class",
+                                      "from boltzmann.classy import Class")
+    assert source.count("\n") == CLASSY_CL_SCRIPT.count("\n")
+    ours = _run_cl_script(source)
+    spectra = cl_cli_run[0].cl
+    np.testing.assert_allclose(ours["dl_tt"], spectra.d_ell(lensed=True)["TT"], rtol=1e-12)
+    np.testing.assert_allclose(ours["dl_ee"], spectra.d_ell(lensed=True)["EE"], rtol=1e-12)
+    assert set(ours["raw"]) == {"ell", "tt", "ee", "te", "bb", "pp"}
+    # units and conventions: CLASS's high-precision lensed spectra of this cosmology
+    # (tests/data/class_cl.csv, every ℓ ≤ 30); the short hierarchies of this run leave < 1e-3
+    # in TT and 3 % in EE (ℓmax,pol = 4, at the trough ℓ ≈ 15-20) here
+    ref = np.loadtxt(DATA / "class_cl.csv", delimiter=",")
+    ref = ref[ref[:, 0] <= L_MAX]
+    assert np.max(np.abs(ours["dl_tt"] / ref[:, 5] - 1)) < 2e-3
+    assert np.max(np.abs(ours["dl_ee"] / ref[:, 6] - 1)) < 5e-2
+    if not class_reference_available():
+        pytest.skip("classy is not installed: the script was not run with CLASS itself")
+    theirs = _run_cl_script(CLASSY_CL_SCRIPT)
+    # CLASS's keys are ours plus its cross-spectrum with the potential (not computed here);
+    # its numbers at l_max_scalars = 30 are not its accurate ones (boltzmann.class_reference)
+    assert set(theirs["raw"]) - set(ours["raw"]) == {"tp"}
+    assert theirs["dl_tt"].shape == ours["dl_tt"].shape
+
+
+def class_reference_available():
+    from boltzmann import class_reference
+
+    return class_reference.available()
+
+
+def test_cl_requests_translate_as_class_decides():
+    """Which spectra exist follows CLASS: tCl → TT, pCl → EE (BB with lensing), both → TE,
+    lCl → PP; l_max_scalars below the stage's 30 is served from an l_max = 30 run."""
+    def request(**pars):
+        config, settings = class_input.to_config(pars)
+        return config["output"].get("cl"), config["output"].get("l_max"), settings["cl"]
+
+    assert request(output="tCl")[0] == ["TT"]
+    assert request(output="pCl")[0] == ["EE"]
+    assert request(output="tCl,pCl")[0] == ["TT", "EE", "TE"]
+    cl, l_max, settings = request(output="tCl,pCl,lCl,mPk", lensing="yes", l_max_scalars=2000)
+    assert cl == ["TT", "EE", "TE", "BB", "PP"] and l_max == 2000 and settings["lensing"]
+    cl, l_max, settings = request(output="tCl lCl", l_max_scalars=20)
+    assert cl == ["TT", "PP"] and l_max == 30 and settings["l_max"] == 20
+    assert request(output="mPk")[0] is None
+    assert request(output="tCl", lensing="no")[2]["lensing"] is False
+    for pars, needle in (({"output": "tCl,pCl", "lensing": "yes"}, "'lCl'"),
+                         ({"output": "mPk", "lensing": "yes"}, "lensing = no"),
+                         ({"output": "tCl", "lensing": "maybe"}, "yes or no"),
+                         ({"output": "tCl", "l_max_scalars": 6000}, "l_max_scalars"),
+                         ({"output": "tCl", "l_max_scalars": "many"}, "integer")):
+        with pytest.raises(CosmoSevereError, match=needle):
+            class_input.to_config(pars)
+
+
+def test_cl_not_requested_says_what_to_add():
+    """Asked before computing: the request alone decides, nothing is solved."""
+    c = Class()
+    c.set({**SCRIPT_CL_PARAMETERS, "output": "tCl,lCl"})
+    with pytest.raises(ClNotAvailable, match="lensing = yes"):
+        c.lensed_cl()
+    assert not c.computed
+    c.set({"output": "mPk"})
+    with pytest.raises(ClNotAvailable, match="add tCl"):
+        c.raw_cl()
+    assert not c.computed
+
+
+def test_cli_writes_cl_png_and_compares_with_class(cl_cli_run):
+    _, out, err, figures = cl_cli_run
+    assert (out / "cl.png").stat().st_size > 10_000 and (out / "pk.png").is_file()
+    # one panel per spectrum (TT, EE, TE, BB, PP), lensed where computed
+    top = figures[0].axes[:5]
+    assert [len(ax.get_lines()) >= 1 for ax in top] == [True] * 5
+    if not class_reference_available():
+        pytest.skip("classy is not installed: --compare was not run")
+    # CLASS's numbers beside ours, in the same layouts, and the ratio row drawn from them
+    assert err == ""
+    for name in ("class_pk.csv", "class_cl.csv", "class_cl_lensed.csv"):
+        assert (out / name).is_file(), name
+    ratio_row = figures[0].axes[5:]
+    assert len(ratio_row) == 5
+    tt_ratio = ratio_row[0].get_lines()[0].get_ydata() * plots.RATIO_UNIT
+    assert tt_ratio.size == L_MAX - 1 and np.max(np.abs(tt_ratio)) < 3e-3
+    e, theirs = read_pk_csv(out / "class_cl_lensed.csv")
+    _, ours = read_pk_csv(out / "cl_lensed.csv")
+    assert np.max(np.abs(ours["TT"] / theirs["TT"] - 1)) < 3e-3
+    k, pk_theirs = read_pk_csv(out / "class_pk.csv")
+    _, pk_ours = read_pk_csv(out / "pk.csv")
+    assert np.max(np.abs(pk_ours["P_m_z0_Mpc3"][:8] / pk_theirs["P_m_z0_Mpc3"][:8] - 1)) < 0.03

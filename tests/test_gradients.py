@@ -7,7 +7,8 @@ tests/data/generate_class_derivatives.py).
 
 One module-scoped fixture evaluates the Jacobian once (all parameters, a reduced-precision model:
 the comparison is of a derivative with the function it differentiates, so ℓmax need not be
-converged for the self-consistency test). CPU cost: ~1-2 min compile + run.
+converged for the self-consistency test), without σ8; σ8's derivative has a fixture of its own
+(three parameters, ``-m slow``). CPU cost: a few minutes of compile + run.
 """
 from __future__ import annotations
 
@@ -54,7 +55,20 @@ K_ROWS = np.arange(0, 60, 8)
 @pytest.fixture(scope="module")
 def exact():
     k_ref, _ = _reference()
-    fn = PowerSpectrumFunction(_config(1e-7), k=k_ref[K_ROWS], n_chunks=1)
+    # two chunks of unequal size: the chunk loop (a lax.map over padded chunks) is differentiated
+    # σ8 left out here: its extra modes (to ~7 h/Mpc, 10 directions at rtol 1e-7) cost more than
+    # the rest of the module; test_sigma8_derivative_matches_finite_differences has its own
+    fn = PowerSpectrumFunction(_config(1e-7), k=k_ref[K_ROWS], n_chunks=2,
+                               z_background=(0.5, 2.0), with_sigma8=False)
+    return fn, fn.dlnpk()
+
+
+@pytest.fixture(scope="module")
+def with_sigma8():
+    """σ8 with modes.sigma8_grid's extra modes, in the three parameters the test checks."""
+    k_ref, _ = _reference()
+    fn = PowerSpectrumFunction(_config(1e-7), k=k_ref[K_ROWS][:3], n_chunks=2,
+                               parameters=("omega_cdm", "h", "m_ncdm"))
     return fn, fn.dlnpk()
 
 
@@ -113,10 +127,10 @@ def test_jacobian_matches_finite_differences_of_our_code(exact):
     assert not bad, f"AD vs FD (relative to max |dlnP/dθ|): {worst}"
 
 
-def test_sigma8_derivative_matches_finite_differences(exact):
-    fn, d = exact
-    if "dlnsigma8" not in d:
-        pytest.skip("sigma8 needs >= 5 k values")
+@pytest.mark.slow  # its own Jacobian program and σ8's extra modes: minutes on 2 cores
+def test_sigma8_derivative_matches_finite_differences(with_sigma8):
+    fn, d = with_sigma8
+    assert "dlnsigma8" in d   # σ8's modes are added whatever k the function was asked for
     f = fn._jit_value
     theta0 = np.asarray(fn.theta0)
     for name in ("omega_cdm", "h", "m_ncdm"):
@@ -129,6 +143,27 @@ def test_sigma8_derivative_matches_finite_differences(exact):
             vals.append(np.log(float(np.asarray(f(th)["sigma8"])[0])))
         fd = (vals[1] - vals[0]) / (2 * step)
         assert d["dlnsigma8"][0, j] == pytest.approx(fd, rel=2e-3, abs=1e-6), name
+
+
+def test_background_and_derived_derivatives_match_finite_differences(exact):
+    """The Jacobian's background and derived outputs (H, D_A at z_background, r_d, 100θ_s, z_d:
+    through the thermodynamics of the same tables) vs central differences of
+    ``fn.background``, which evaluates them without the perturbation solve."""
+    fn, d = exact
+    assert d["background"]["D_A"].shape == (2,) and d["dbackground"]["rs_d"].shape == (
+        len(fn.parameters),)
+    theta0 = np.asarray(fn.theta0)
+    for name in ("h", "omega_b", "omega_cdm", "N_ur"):
+        j = fn.parameters.index(name)
+        e = np.zeros(theta0.size)
+        e[j] = 0.1 * FD_STEP[name]             # smooth: truncation ~1e-8, rounding below
+        up, down = fn.background(theta0 + e), fn.background(theta0 - e)
+        for out in ("H", "D_A", "rs_d", "100*theta_s", "z_d"):
+            fd = (np.asarray(up[out]) - np.asarray(down[out])) / (2 * e[j])
+            ad = d["dbackground"][out][..., j]
+            np.testing.assert_allclose(ad, fd, rtol=1e-5, atol=1e-8 * np.max(np.abs(fd)),
+                                       err_msg=f"d{out}/d{name}")
+    np.testing.assert_allclose(d["background"]["rs_d"], fn.background()["rs_d"], rtol=1e-12)
 
 
 def test_unknown_parameter_and_missing_species_are_errors():
@@ -208,7 +243,8 @@ def test_sensitivity_problem_reproduces_the_jacobian(exact):
     spec.loader.exec_module(script)
     fn, d = exact
     prob = fn.sensitivity_problem()
-    keep = np.array([1, 5])                       # two of the fixture's k
+    mine = np.array([1, 5])                       # two of the fixture's k ...
+    keep = fn.keep[mine]                          # ... among the solved modes (σ8 adds some)
     sub = {key: prob[key][keep] for key in ("y0", "params", "t0")}
     sub.update({key: prob[key][:, keep] for key in ("dy0", "dparams")})
     sub.update(dargs=prob["dargs"], observables=prob["observables"], args=prob["args"])
@@ -219,7 +255,7 @@ def test_sensitivity_problem_reproduces_the_jacobian(exact):
                                 **script.direction(sub, j))
     assert np.all(info["status"] == 0)
     got = script.dlnp_from_states(sub, ys, dys[0], j)
-    want = d["dlnP_m"][0, keep, j]
+    want = d["dlnP_m"][0, mine, j]
     scale = np.abs(d["dlnP_m"][0, :, j]).max()
     assert np.abs(got - want).max() <= 1e-4 * scale, (got, want)
 

@@ -101,14 +101,17 @@ def test_wcdm_example_config():
     (-0.8, -0.2, False),    # touches -1 only as a -> 0
 ])
 def test_fluid_crossing_minus_one_is_rejected(w0, wa, crosses):
-    cfg = patched("cosmology", w0_fld=w0, wa_fld=wa)
+    """Without PPF (use_ppf: false) the rest-frame fluid refuses a crossing; the PPF closure,
+    the default, takes every one of these."""
+    assert load_config(patched("cosmology", w0_fld=w0, wa_fld=wa)).cosmology.use_ppf
+    cfg = patched("cosmology", w0_fld=w0, wa_fld=wa, use_ppf=False)
     if not crosses:
         assert load_config(cfg).cosmology.use_fld
         return
     with pytest.raises(ConfigError) as info:
         load_config(cfg)
     msg = str(info.value)
-    for needle in ("cosmology.w0_fld", "cosmology.wa_fld", "crosses -1", "PPF is not implemented"):
+    for needle in ("cosmology.w0_fld", "cosmology.wa_fld", "crosses -1", "use_ppf: true"):
         assert needle in msg, (needle, msg)
     a_cross = 1.0 + (w0 + 1.0) / wa
     assert f"a = {a_cross:.4g}" in msg and 0.0 < a_cross < 1.0
@@ -120,7 +123,8 @@ def test_fluid_crossing_minus_one_is_rejected(w0, wa, crosses):
 ])
 def test_fluid_at_minus_one_today_is_rejected(w0, wa, needle):
     with pytest.raises(ConfigError, match=needle):
-        load_config(patched("cosmology", w0_fld=w0, wa_fld=wa))
+        load_config(patched("cosmology", w0_fld=w0, wa_fld=wa, use_ppf=False))
+    assert load_config(patched("cosmology", w0_fld=w0, wa_fld=wa)).cosmology.use_ppf
 
 
 def test_dict_source_and_ln10As_equivalence():
@@ -201,6 +205,10 @@ ERROR_CASES = [
     ("cosmology", {"N_ur": -1.0}, ["cosmology.N_ur"]),
     ("cosmology", {"h": 0.3}, ["Omega_Lambda", "< 0"]),
     ("cosmology", {"w0_fld": -0.2, "wa_fld": 0.5}, ["w0_fld + cosmology.wa_fld", "<= 0"]),
+    ("cosmology", {"use_ppf": True}, ["cosmology.use_ppf", "w0_fld"]),
+    ("cosmology", {"cs2_fld": 0.5}, ["cosmology.cs2_fld", "w0_fld"]),
+    ("cosmology", {"w0_fld": -0.9, "cs2_fld": 1.5}, ["cosmology.cs2_fld", "[0, 1]"]),
+    ("cosmology", {"w0_fld": -0.9, "use_ppf": "yes"}, ["cosmology.use_ppf", "true or false"]),
     ("cosmology", {"n_s": float("nan")}, ["cosmology.n_s", "finite"]),
     ("output", {"z": [0.0, -1.0]}, ["output.z", "-1.0"]),
     ("output", {"k_min": 1.0, "k_max": 0.5}, ["output.k_min", "output.k_max"]),

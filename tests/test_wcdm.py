@@ -87,6 +87,7 @@ def test_config_matches_reference_inputs():
     c = load_config(CONFIG).cosmology
     assert (float(c.w0_fld), float(c.wa_fld)) == (ref["w0_fld"], ref["wa_fld"])
     assert ref["Omega_Lambda"] == 0.0 and ref["cs2_fld"] == 1.0 and ref["use_ppf"] == "no"
+    assert not c.use_ppf and c.cs2_fld == 1.0     # the config's fluid is the reference's
     assert np.asarray(c.m_ncdm).tolist() == [float(m) for m in ref["m_ncdm"].split(",")]
     assert float(c.N_ur) == ref["N_ur"] and float(c.h) == ref["h"]
 

@@ -150,6 +150,8 @@ def base_block(cosmo: CosmoParams) -> dict:
     if cosmo.use_fld:
         block["w0_fld"] = float(cosmo.w0_fld)
         block["wa_fld"] = float(cosmo.wa_fld)
+        block["use_ppf"] = bool(cosmo.use_ppf)
+        block["cs2_fld"] = float(cosmo.cs2_fld)
     return block
 
 

@@ -21,6 +21,7 @@ class BaryonsCdm(Species):
         src.drho += [f"A_b * {db}", f"A_c * {dc}"]
         src.rpt.append(f"A_b * {L.y('theta_b')}")
         src.matter += [("A_b", f"A_b * {db}", True), ("A_c", f"A_c * {dc}", True)]
+        src.rho_plus_p += ["A_b", "A_c"]
 
     def equations(self, e, L: Layout, d: Derivatives):
         Y = L.y

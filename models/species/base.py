@@ -45,7 +45,9 @@ class Sources:
     w = 1/3 and MB95 F_l multipoles give ``rpt_radiation`` = a^2 rho~ theta and
     ``shear_radiation`` = a^2 rho~ F_2 instead, and the metric applies the common factors
     (rho + p = 4 rho / 3, sigma = F_2 / 2) once.  ``matter``: (A, a^2 delta rho~, is_cb) of each
-    clustering species, for d_m (all of them) and d_cb (baryons and CDM).
+    clustering species, for d_m (all of them) and d_cb (baryons and CDM).  ``rho_plus_p``:
+    the background a^2 (rho~ + p~) of each species, which the PPF dark energy needs for the rest
+    of the universe (models/species/dark_energy_ppf.py).
     """
 
     drho: list = field(default_factory=list)
@@ -54,6 +56,7 @@ class Sources:
     shear: list = field(default_factory=list)
     shear_radiation: list = field(default_factory=list)
     matter: list = field(default_factory=list)
+    rho_plus_p: list = field(default_factory=list)
 
 
 class Derivatives:

@@ -35,3 +35,4 @@ def radiation_moments(e, L: Layout, src, name: str) -> None:
     src.drho.append(f"A_{name} * {L.y(f'F_{name}_0')}")
     src.rpt_radiation.append(f"A_{name} * theta_{name}")
     src.shear_radiation.append(f"A_{name} * {L.y(f'F_{name}_2')}")
+    src.rho_plus_p.append(f"1.3333333333333333 * A_{name}")

@@ -72,6 +72,7 @@ class MassiveNeutrinos(Species):
         src.rpt.append(f"rpt_ncdm{s}")
         src.shear.append(f"shr_ncdm{s}")
         src.matter.append((f"A_ncdm{s}", f"dA_ncdm{s}", False))
+        src.rho_plus_p.append(f"A_ncdm{s} + Pa_ncdm{s}")
 
     def equations(self, e, L: Layout, d: Derivatives):
         s, Y = self.s, L.y
