@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-__all__ = ["BaoData", "desi_dr2"]
+__all__ = ["BaoData", "desi_dr2", "log_likelihood_function"]
 
 DATA = Path(__file__).parent / "data"
 KINDS = ("DV_over_rd", "DM_over_rd", "DH_over_rd")
@@ -74,3 +74,24 @@ def desi_dr2() -> BaoData:
     z = np.asarray(sorted(set(z_of)), np.float64)
     return BaoData(name=spec["reference"], z=z, z_of=np.asarray(z_of), kinds=tuple(kinds),
                    mean=np.asarray(mean), cov=cov)
+
+
+def log_likelihood_function(config, parameters=("h", "omega_cdm"), data: BaoData | None = None):
+    """(θ ↦ ln L, θ0): the BAO log-likelihood as a JAX function of the cosmological parameters
+    (``PowerSpectrumFunction``'s names and order), through the differentiable background and
+    thermodynamics only (no perturbation solve). ``jax.jit``, ``jax.grad`` and a JAX sampler's
+    potential (e.g. numpyro's ``potential_fn``) take it as it is."""
+    import jax.numpy as jnp
+
+    from .gradients import PowerSpectrumFunction
+
+    data = data if data is not None else desi_dr2()
+    fn = PowerSpectrumFunction(config, parameters=tuple(parameters), z_background=data.z,
+                               derived=("rs_d",), with_sigma8=False,
+                               k=np.array([0.01, 0.1]))
+
+    def log_likelihood(theta):
+        bg = fn.background(theta)
+        return data.log_likelihood(bg["D_M"], bg["H"], jnp.reshape(bg["rs_d"], ()), xp=jnp)
+
+    return log_likelihood, fn.theta0

@@ -481,3 +481,45 @@ def test_cli_writes_cl_png_and_compares_with_class(cl_cli_run):
     k, pk_theirs = read_pk_csv(out / "class_pk.csv")
     _, pk_ours = read_pk_csv(out / "pk.csv")
     assert np.max(np.abs(pk_ours["P_m_z0_Mpc3"][:8] / pk_theirs["P_m_z0_Mpc3"][:8] - 1)) < 0.03
+
+
+#: configs/lcdm.yaml in CLASS's names (its precision block is the default one)
+LCDM_CLASS_PARAMETERS = {"h": 0.6736, "omega_b": 0.02237, "omega_cdm": 0.12, "A_s": 2.1e-9,
+                         "n_s": 0.9649, "k_pivot": 0.05, "tau_reio": 0.0544, "YHe": 0.2454,
+                         "T_cmb": 2.7255, "N_ur": 2.0308, "N_ncdm": 1, "m_ncdm": 0.06,
+                         "deg_ncdm": 1.0, "T_ncdm": 0.71611, "output": "mPk", "z_pk": "0,1",
+                         "P_k_min_h/Mpc": 1e-4, "P_k_max_h/Mpc": 10.0,
+                         "k_per_decade_for_pk": 20}
+
+
+@pytest.mark.slow  # the main job twice at full precision: minutes on 2 cores
+def test_facade_reproduces_the_cli_for_configs_lcdm(tmp_path):
+    """The facade with configs/lcdm.yaml's parameters gives the CLI's P(k), σ8, H, D_A and
+    derived numbers to 1e-12."""
+    captured = {}
+
+    def run(cfg, **kwargs):
+        captured["result"] = pipeline.run(cfg, **kwargs)
+        return captured["result"]
+
+    code = cli.main(["--config", "configs/lcdm.yaml", "--out", str(tmp_path), "--no-plot",
+                     "--quiet", "--backend", "jax"], run=run)
+    assert code == 0
+    result = captured["result"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    c = Class(backend="jax")
+    c.set(LCDM_CLASS_PARAMETERS)
+    c.compute()
+    k = result.k[0]
+    for iz, z in enumerate(result.z):
+        np.testing.assert_allclose(c.pk_lin(k, z), result.spectra.pk_m[0, iz], rtol=1e-12)
+        np.testing.assert_allclose(c.pk_cb_lin(k, z), result.spectra.pk_cb[0, iz], rtol=1e-12)
+    assert c.sigma8() == pytest.approx(summary["sigma8"]["0"], rel=1e-12)
+    derived = c.get_current_derived_parameters(list(summary["derived"]))
+    for name, value in summary["derived"].items():
+        assert derived[name] == pytest.approx(value, rel=1e-12), name
+    from boltzmann import derived as derived_mod
+    table = derived_mod.background_table(result.cosmologies[0], np.array([0.5, 1.0]))
+    np.testing.assert_allclose(c.Hubble(np.array([0.5, 1.0])), table["H_1/Mpc"], rtol=1e-12)
+    np.testing.assert_allclose(c.angular_distance(np.array([0.5, 1.0])), table["D_A_Mpc"],
+                               rtol=1e-12)

@@ -74,3 +74,22 @@ def test_log_likelihood_is_differentiable():
     eps = 1e-4
     fd = (f(147.0 + eps) - f(147.0 - eps)) / (2 * eps)
     assert np.isfinite(g) and g == pytest.approx(float(fd), rel=1e-5)
+
+
+@pytest.mark.slow  # a PowerSpectrumFunction's background program and its gradient: minutes
+def test_bao_log_likelihood_of_theta_is_differentiable_and_equals_cobayas_input():
+    """ln L(θ) through PowerSpectrumFunction's background outputs: equal to the facade's χ² and
+    its gradient equal to central differences (what a NUTS potential needs)."""
+    from boltzmann.bao import log_likelihood_function
+    from boltzmann.class_input import to_config
+    from boltzmann.params import load_config
+
+    cfg = load_config(to_config(dict(POINT, N_ur=3.044))[0])
+    loglike, theta0 = log_likelihood_function(cfg, ("h", "omega_cdm"))
+    assert -2.0 * float(loglike(theta0)) == pytest.approx(_our_chi2(POINT), rel=1e-8)
+    g = np.asarray(jax.grad(loglike)(theta0))
+    for j, step in enumerate((1e-4, 1e-4)):
+        e = np.zeros(2)
+        e[j] = step
+        fd = (float(loglike(theta0 + e)) - float(loglike(theta0 - e))) / (2 * step)
+        assert g[j] == pytest.approx(fd, rel=1e-4, abs=1e-3)
