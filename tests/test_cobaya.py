@@ -186,6 +186,7 @@ def test_memory_stays_flat_over_a_chain_of_points(model):
     assert _rss_mb() - start < 20.0
 
 
+@pytest.mark.slow  # tests/test_cobaya_bao.py runs the default suite's BAO-only chain
 def test_bao_only_mcmc_solves_no_perturbations(cobaya, monkeypatch):
     """A BAO likelihood (D_M/r_d, D_H/r_d) sampled by Cobaya's MCMC, the theory named as in a
     YAML input: only the background and thermodynamics run (a perturbation solve would raise
