@@ -34,15 +34,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# the raised precision of tests/data/generate.py (PRECISION_CLASS there)
-PRECISION_HIGH = {
-    "k_per_decade_for_pk": 50, "k_per_decade_for_bao": 200,
-    "tol_perturbations_integration": 1e-6, "perturbations_sampling_stepsize": 0.05,
-    "l_max_g": 20, "l_max_pol_g": 15, "l_max_ur": 30, "l_max_ncdm": 30,
-    "tol_ncdm_synchronous": 1e-5, "tol_ncdm_bg": 1e-10,
-    "radiation_streaming_trigger_tau_over_tau_k": 240,
-    "ur_fluid_trigger_tau_over_tau_k": 50, "ncdm_fluid_trigger_tau_over_tau_k": 51,
-}
+sys.path.insert(0, str(REPO / "tests" / "data"))
+from class_precision import PRECISION_CLASS as PRECISION_HIGH  # noqa: E402  the references' one
 
 
 def _join(v):
