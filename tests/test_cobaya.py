@@ -96,7 +96,7 @@ def _reference(h):
     return config, boltzmann.compute(config, backend="jax")
 
 
-@pytest.mark.parametrize("h", [0.6736, 0.70])
+@pytest.mark.parametrize("h", [0.6736, pytest.param(0.70, marks=pytest.mark.slow)])
 def test_products_equal_the_pipeline(model, h):
     point = model.logposterior({"h": h})
     assert np.isfinite(point.logpost)
@@ -171,6 +171,7 @@ def _rss_mb():
         return next(int(line.split()[1]) / 1024 for line in fh if line.startswith("VmRSS"))
 
 
+@pytest.mark.slow  # 50 points (~20 s)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_memory_stays_flat_over_a_chain_of_points(model):
     """50 points with a P(k) solve each (h changing every time): the resident memory after

@@ -81,6 +81,7 @@ def test_second_process_loads_everything_and_agrees(cold_and_warm):
     assert "compiling" not in err_warm
 
 
+@pytest.mark.slow  # a third cold compile of the tiny job (~20 s)
 def test_changed_precision_does_not_load_stale_programs(cold_and_warm):
     tmp, cache, (_, pk_cold, _), _, _ = cold_and_warm
     changed, pk, _ = _job(tmp, "changed", cache, l_max_g=8)

@@ -260,6 +260,7 @@ def test_sensitivity_problem_reproduces_the_jacobian(exact):
     assert np.abs(got - want).max() <= 1e-4 * scale, (got, want)
 
 
+@pytest.mark.slow  # its own Jacobian program (~35 s): outside the 20-minute default run
 def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
     """The rule behind UNCONTROLLED's fluid entries, checked on the model itself: at Λ no other
     state's derivative depends on the linearised fluid's four states (so the value cannot see

@@ -236,6 +236,7 @@ def _check_gradient_and_scaling(m, shift, steps, transfer):
     np.testing.assert_allclose(J[..., names.index("n_s")], P * np.log(m.k / 0.05), rtol=1e-14)
 
 
+@pytest.mark.slow  # a second compiled Jacobian model (~30 s): outside the default run
 def test_primordial_parameters_through_callback():
     """ln10^{10}A_s, n_s only: the value program once (~30 s compile), analytic Jacobian."""
     m = _tiny_model(("n_s", "ln10^{10}A_s"))
