@@ -188,6 +188,7 @@ def test_sigma8_grid_extends_only_what_is_missing():
     np.testing.assert_array_equal(k[0, keep], k_file)
 
 
+@pytest.mark.slow  # a PowerSpectrumFunction value program (~40 s); the CLI's σ8 check stays
 def test_power_spectrum_function_sigma8_background_and_derived(short_and_long):
     """The differentiable function on the short k range: σ8 from the modes it adds (the same
     wavenumbers as the CLI's, so σ8 as the CLI's and within 1e-5 of the long run), P(k) on the
