@@ -159,11 +159,9 @@ class Class:
             from . import compute as run_pipeline  # the package's entry point (imports us not)
 
             result = run_pipeline(config, backend=self._backend)
-            failed = result.failures()
+            failed = result.failure_message()
             if failed:
-                ks = ", ".join(f"{k:.4g}" for _, k, _ in failed[:8])
-                raise CosmoComputationError(f"the perturbation solve failed for {len(failed)} "
-                                            f"k modes (k = {ks} 1/Mpc): {failed[0][2]}")
+                raise CosmoComputationError(failed)
             self.result = result
             self.cl = result.cl
             self._values = derived_mod.result_values(result)

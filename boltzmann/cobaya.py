@@ -259,11 +259,9 @@ class BoltzmannTheory(BoltzmannBase):
         if self._needs_pk or self._cl:
             from . import compute
             result = compute(config, backend=self.backend)
-            failed = result.failures()
+            failed = result.failure_message(shown=4)
             if failed:
-                ks = ", ".join(f"{k:.4g}" for _, k, _ in failed[:4])
-                raise RuntimeError(f"the perturbation solve failed for {len(failed)} modes "
-                                   f"(k = {ks} 1/Mpc): {failed[0][2]}")
+                raise RuntimeError(failed)
             out.update(self._spectra_products(result))
         out["_derived"] = self._derived(config, result)
         z_bg = sorted({float(z) for key in _BACKGROUND if key in self._pools

@@ -89,6 +89,16 @@ class Result:
         """(cosmology index, k [1/Mpc], reason) of every failed mode."""
         return self.transfers.failures()
 
+    def failure_message(self, shown: int = 8) -> str | None:
+        """One line naming the failed modes (the first ``shown`` k) and the first reason, or None
+        when every mode finished: what the facades raise or log for a failed point."""
+        failed = self.failures()
+        if not failed:
+            return None
+        ks = ", ".join(f"{k:.4g}" for _, k, _ in failed[:shown])
+        return (f"the perturbation solve failed for {len(failed)} k modes (k = {ks} 1/Mpc): "
+                f"{failed[0][2]}")
+
     def ok(self) -> np.ndarray:
         """(C,) True where every mode of the cosmology finished."""
         return np.all(self.transfers.status == 0, axis=1)
