@@ -29,6 +29,14 @@ covariance is the mass matrix, not adapted further); warm-up adapts the step siz
 Priors: flat in the box ``FLAT`` for every parameter, times a Gaussian (``PRIORS`` width, centred
 on the fiducial) for those in ``--priors``.
 
+``--bao desi_dr2`` multiplies in the DESI DR2 BAO likelihood (``boltzmann.bao``: D_M/r_d, D_H/r_d
+and D_V/r_d at the published effective redshifts with their covariance; real measurements, not
+mock). It is a JAX function of θ through the differentiable background and thermodynamics, so it
+is traced into numpyro's program directly (no callback; its reverse-mode gradient runs one
+forward sweep). Its Fisher matrix Jᵀ C⁻¹ J (J: the BAO model vector's Jacobian) at the fiducial
+is added to the survey's, and its score to the linear-Gaussian prediction of the posterior mean. The data pull away from the fiducial, so "recovered within 2 sd" is not expected
+of it; ``deviation_from_linear_prediction_in_sd`` is the check.
+
 Outputs (``--out DIR``, default output/infer): fisher.json (F, covariance, marginal σ, correlation;
 with --nuts also the run's timings, posterior summary and diagnostics), and with --nuts
 samples.npz and corner.png (samples, Fisher 1σ/2σ ellipses on the posterior mean, fiducial).
@@ -93,6 +101,9 @@ def build_parser():
     p.add_argument("--quick", action="store_true",
                    help="CPU preset: ℓmax 8/6/8/8, 3 momentum nodes, 1000 table nodes, rtol 1e-4, "
                         f"≤ {QUICK_NK} k bins, one k-chunk")
+    p.add_argument("--bao", choices=("desi_dr2",), default=None,
+                   help="add a BAO likelihood: desi_dr2 = the DESI DR2 D_M/r_d, D_H/r_d, D_V/r_d "
+                        "measurements with their covariance (boltzmann.bao; real data, not mock)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise realisation and NUTS")
     p.add_argument("--progress", type=int, default=100, metavar="N",
                    help="NUTS: print a line every N gradient solves (0: never)")
@@ -167,7 +178,48 @@ def _setup(args):
     h = float(cosmo.h)
     k = np.geomspace(args.kmin, args.kmax, args.nk) * h                      # 1/Mpc
     model = PowerSpectrumModel(config, names, k, **kw)
-    return model, h
+    return model, h, config
+
+
+class BaoTerm:
+    """``--bao``: the BAO likelihood as JAX functions of the inference parameters (background and
+    thermodynamics only, differentiable): ``loglike`` (θ ↦ ln L, reverse mode by one forward
+    sweep, traced into numpyro's program) and ``fisher_terms`` at a θ."""
+
+    def __init__(self, name, config, parameters):
+        from boltzmann.bao import desi_dr2, theory_function
+        from solver import grad_by_forward_mode
+
+        self.name = name
+        self.data = {"desi_dr2": desi_dr2}[name]()
+        self.theory, _ = theory_function(config, tuple(parameters), self.data)
+        self.inv_cov = np.asarray(self.data.inv_cov)
+        inv_cov, mean, theory = self.inv_cov, self.data.mean, self.theory
+
+        def loglike(theta):
+            r = theory(theta) - mean
+            return -0.5 * r @ inv_cov @ r
+
+        self.loglike = grad_by_forward_mode(loglike)
+
+    def __call__(self, theta):
+        return self.loglike(theta)
+
+    def fisher_terms(self, theta):
+        """(ln L, score ∂ln L/∂θ, Fisher Jᵀ C⁻¹ J) at θ, J = ∂(model vector)/∂θ."""
+        import jax
+        import jax.numpy as jnp
+
+        th = jnp.asarray(theta, jnp.float64)
+        model, J = jax.jit(lambda t: (self.theory(t), jax.jacfwd(self.theory)(t)))(th)
+        model, J = np.asarray(model), np.asarray(J)
+        r = self.data.mean - model
+        return float(-0.5 * r @ self.inv_cov @ r), J.T @ self.inv_cov @ r, J.T @ self.inv_cov @ J
+
+
+def bao_term(args, config, parameters):
+    """The ``--bao`` likelihood (``BaoTerm``) or None."""
+    return BaoTerm(args.bao, config, parameters) if args.bao else None
 
 
 def _noise(model, h, P, args):
@@ -184,7 +236,9 @@ def _prior_names(args, parameters):
     return [n for n in _names(args.priors) if n in parameters]
 
 
-def fisher(model, h, args, P=None, J=None, seconds=None):
+def fisher(model, h, args, P=None, J=None, seconds=None, bao=None):
+    """The Fisher matrix of the mock P(k) survey (+ the Gaussian priors asked for, + with ``bao``
+    (a ``BaoTerm``) the BAO data's Jᵀ C⁻¹ J at the fiducial) and what follows from it."""
     t0 = time.perf_counter()
     if P is None:
         P, J = model(model.theta0)
@@ -198,12 +252,19 @@ def fisher(model, h, args, P=None, J=None, seconds=None):
     for name in prior_names:
         i = model.parameters.index(name)
         F[i, i] += 1.0 / PRIORS[name] ** 2
+    bao_info = None
+    if bao is not None:
+        lnl_bao, g_bao, F_bao = bao.fisher_terms(model.theta0)
+        F = F + F_bao
+        bao_info = {"data": bao.name, "reference": bao.data.name,
+                    "loglike_at_fiducial": lnl_bao, "gradient_at_fiducial": g_bao.tolist(),
+                    "fisher": F_bao.tolist()}
     cov = np.linalg.inv(F)
     err = np.sqrt(np.diag(cov))
     corr = cov / np.outer(err, err)
     print(f"Fisher forecast: V = {args.volume:g} Gpc^3/h^3, nbar = {args.nbar:g} h^3/Mpc^3, "
           f"{args.kmin:g} < k < {args.kmax:g} h/Mpc ({len(model.k)} bins), z = {model.z}, "
-          f"priors on {prior_names}")
+          f"priors on {prior_names}" + (f", + {args.bao} BAO" if bao is not None else ""))
     print(f"Jacobian (exact, {len(model.parameters)} parameters, "
           f"{len(model.solve_parameters)} solve directions): {wall:.1f} s (first call: "
           "includes compilation)")
@@ -214,10 +275,13 @@ def fisher(model, h, args, P=None, J=None, seconds=None):
             "correlation": corr.tolist(), "jacobian_seconds": wall,
             "survey": {"volume_Gpc3_h3": args.volume, "nbar_h3_Mpc3": args.nbar,
                        "k_h_Mpc": (model.k / h).tolist(), "z": model.z},
-            "priors": {n: PRIORS[n] for n in prior_names}}
+            "priors": {n: PRIORS[n] for n in prior_names}, "bao": bao_info}
 
 
-def nuts(model, h, args, out_dir, fisher_result, P0):
+def nuts(model, h, args, out_dir, fisher_result, P0, bao=None):
+    """NUTS over the mock P(k) likelihood (+ ``bao``: a ``BaoTerm``, traced into the sampler's
+    program). A failed solve makes the potential +inf at that θ (the trajectory is rejected),
+    never a crash."""
     try:
         import numpyro
         import numpyro.distributions as dist
@@ -279,6 +343,8 @@ def nuts(model, h, args, out_dir, fisher_result, P0):
         # the solve only ever sees θ inside the box (outside, the potential is +inf anyway)
         P = pk(jnp.clip(theta, jlo, jhi))
         numpyro.sample("P", dist.Normal(P, jsigma), obs=jdata)
+        if bao is not None:
+            numpyro.factor("bao", bao(jnp.clip(theta, jlo, jhi)))
 
     warmup = args.warmup if args.warmup is not None else max(args.nuts // 2, 10)
     depth = args.max_tree_depth or (2 if args.quick else 6)
@@ -308,7 +374,10 @@ def nuts(model, h, args, out_dir, fisher_result, P0):
     # linear-Gaussian expectation of the posterior mean for this data: θ0 + F⁻¹ Jᵀ C⁻¹ (d − P0)
     _, J0 = cached(theta0)
     r = ((data - P0) / sigma**2)[..., None] * J0
-    mean_lin = theta0 + cov_F @ r.reshape(-1, n).sum(0)
+    score = r.reshape(-1, n).sum(0)
+    if bao is not None:     # BAO's pull from the fiducial: its score at θ0
+        score = score + np.asarray(fisher_result["bao"]["gradient_at_fiducial"])
+    mean_lin = theta0 + cov_F @ score
     recovered = bool(np.all(np.abs(dev) <= 2.0))
     res = {
         "data": "noiseless fiducial" if args.noiseless else f"noise realisation, seed {args.seed}",
@@ -329,6 +398,7 @@ def nuts(model, h, args, out_dir, fisher_result, P0):
         "parameters": list(names), "fiducial": theta0.tolist(),
         "mean": mean.tolist(), "sd": sd.tolist(), "deviation_in_sd": dev.tolist(),
         "linear_prediction_of_mean": mean_lin.tolist(),
+        "deviation_from_linear_prediction_in_sd": ((mean - mean_lin) / sd).tolist(),
         "fisher_sigma": sigma_F.tolist(), "sd_over_fisher_sigma": (sd / sigma_F).tolist(),
         "n_eff": np.asarray(diag["n_eff"]).tolist(), "r_hat": np.asarray(diag["r_hat"]).tolist(),
         "recovered_within_2sd": recovered,
@@ -434,7 +504,8 @@ def main(argv=None):
         import jax
         jax.config.update("jax_compilation_cache_dir", str(Path(args.jax_cache).resolve()))
     t0 = time.perf_counter()
-    model, h = _setup(args)
+    model, h, config = _setup(args)
+    bao = bao_term(args, config, model.parameters)
     t_setup = time.perf_counter() - t0
     # one Jacobian solve at the fiducial (compiles the program): Fisher, mock data, NUTS
     t0 = time.perf_counter()
@@ -447,9 +518,9 @@ def main(argv=None):
           f"second {t_second:.2f} s")
     result = {"timing": {"setup": t_setup, "first_jacobian": t_first,
                          "second_jacobian": t_second}}
-    result["fisher"] = fisher(model, h, args, P0, J0, seconds=t_first)
+    result["fisher"] = fisher(model, h, args, P0, J0, seconds=t_first, bao=bao)
     if args.nuts:
-        result["nuts"] = nuts(model, h, args, out_dir, result["fisher"], P0)
+        result["nuts"] = nuts(model, h, args, out_dir, result["fisher"], P0, bao=bao)
     (out_dir / "fisher.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {out_dir / 'fisher.json'}")
     return 0

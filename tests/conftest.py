@@ -1,5 +1,5 @@
-"""Shared pytest configuration: float64 JAX, one session-wide XLA program cache, and clean
-skipping of GPU tests."""
+"""Shared pytest configuration: float64 JAX, one session-wide XLA program cache shared by the
+xdist workers, at most two workers, and clean skipping of GPU tests."""
 import os
 import shutil
 import tempfile
@@ -18,15 +18,29 @@ jax.config.update("jax_enable_x64", True)
 #: end: a program is compiled once per session (so a compile-time regression still shows in the
 #: suite's time) and later modules that build the same program (the lcdm pipeline is built by a
 #: dozen modules) load it instead of compiling it again. The in-process CLI runs keep
-#: ``BOLTZMANN_CACHE=0`` above, so they never read or write a user's cache.
-_SESSION_XLA_CACHE = tempfile.mkdtemp(prefix="boltzmann-test-xla-")
+#: ``BOLTZMANN_CACHE=0`` above, so they never read or write a user's cache. Under pytest-xdist
+#: the controller makes the directory and its workers (child processes, which inherit the
+#: environment) share it: concurrent writers are safe (tests/test_compile_cache.py).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_SESSION_XLA_CACHE = os.environ.get("BOLTZMANN_TEST_XLA_CACHE") if _WORKER else None
+if not _SESSION_XLA_CACHE:
+    _SESSION_XLA_CACHE = tempfile.mkdtemp(prefix="boltzmann-test-xla-")
+    os.environ["BOLTZMANN_TEST_XLA_CACHE"] = _SESSION_XLA_CACHE
 jax.config.update("jax_compilation_cache_dir", _SESSION_XLA_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(_SESSION_XLA_CACHE, ignore_errors=True)
+    if not _WORKER:      # the controller (or a run without xdist) owns the directory
+        shutil.rmtree(_SESSION_XLA_CACHE, ignore_errors=True)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker per core, at most two. Each worker holds
+    its own compiled programs (the Jacobian tests peak at a few GB while compiling), and the
+    solver's while loops run on one core each, so two workers use a 2-core machine fully."""
+    return max(1, min(2, os.cpu_count() or 1))
 
 
 def _cuda_available() -> bool:

@@ -193,6 +193,60 @@ def test_infer_nuts_end_to_end_on_analytic_model(tmp_path):
         assert z["theta"].shape == (150, 3)
 
 
+@pytest.fixture(scope="module")
+def desi_bao():
+    """``--bao desi_dr2`` for the analytic model's parameters (distances through the real
+    background and thermodynamics of configs/lcdm.yaml)."""
+    from boltzmann.params import load_config
+
+    args = infer.build_parser().parse_args(
+        ["--config", "lcdm", "--nuts", "120", "--warmup", "80", "--max-tree-depth", "3",
+         "--seed", "5", "--volume", "40", "--noiseless", "--bao", "desi_dr2"])
+    return args, infer.bao_term(args, load_config("lcdm"), _AnalyticPk.parameters)
+
+
+def test_desi_bao_fisher_and_potential(desi_bao):
+    """``--bao desi_dr2``: its Fisher block Jᵀ C⁻¹ J (ω_cdm only: A_s and n_s do not move
+    distances) and score enter the forecast; the ln L that NUTS adds to the potential has a
+    (forward-mode) gradient equal to central differences."""
+    numpyro = pytest.importorskip("numpyro")
+    args, bao = desi_bao
+    model = _AnalyticPk()
+    P0, J0 = model(model.theta0)
+    fis = infer.fisher(model, 0.67, args, P0, J0, bao=bao)
+    F_bao = np.array(fis["bao"]["fisher"])
+    i = model.parameters.index("omega_cdm")
+    assert F_bao[i, i] > 1e4                        # DESI constrains ω_cdm (at fixed h) to < 1 %
+    np.testing.assert_allclose(np.delete(F_bao[i], i), 0.0, atol=1e-12 * F_bao[i, i])
+    args_no = infer.build_parser().parse_args(["--config", "lcdm", "--volume", "40"])
+    F_pk = np.array(infer.fisher(model, 0.67, args_no, P0, J0)["fisher"])
+    np.testing.assert_allclose(np.array(fis["fisher"]), F_pk + F_bao, rtol=1e-12)
+    # DESI DR2 prefers a lower Ω_m than the Planck-like fiducial: the score points down in ω_cdm
+    assert fis["bao"]["gradient_at_fiducial"][i] < 0
+    th = jnp.asarray(model.theta0 * np.array([0.99, 1.0, 1.0]))
+    g = float(jax.grad(bao)(th)[i])
+    e = 1e-5
+    fd = (float(bao(th.at[i].add(e))) - float(bao(th.at[i].add(-e)))) / (2 * e)
+    assert g == pytest.approx(fd, rel=1e-5)
+    assert float(bao(th)) == pytest.approx(bao.fisher_terms(th)[0], rel=1e-12)
+
+
+@pytest.mark.slow  # ~200 NUTS iterations, each BAO gradient 0.25 s through the thermodynamics
+def test_infer_nuts_with_desi_bao_on_analytic_model(desi_bao, tmp_path):
+    """NUTS with the BAO factor: the posterior mean sits where the linear-Gaussian algebra with
+    BAO's score puts it, below the fiducial ω_cdm."""
+    pytest.importorskip("numpyro")
+    args, bao = desi_bao
+    model = _AnalyticPk()
+    P0, J0 = model(model.theta0)
+    fis = infer.fisher(model, 0.67, args, P0, J0, bao=bao)
+    res = infer.nuts(model, 0.67, args, tmp_path, fis, P0, bao=bao)
+    i = model.parameters.index("omega_cdm")
+    assert np.all(np.abs(res["deviation_from_linear_prediction_in_sd"]) < 0.5), res
+    assert res["mean"][i] < model.theta0[i]
+    assert res["divergences"]["sampling"] <= 3
+
+
 # ----------------------------------------------------------------------------- Boltzmann model
 def _tiny_model(parameters):
     from boltzmann.likelihood import PowerSpectrumModel

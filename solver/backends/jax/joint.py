@@ -56,8 +56,10 @@ def h0(spec, N):
     return jnp.full((N,), jnp.nan if spec.first_step is None else spec.first_step, jnp.float64)
 
 
-def _make_aug(spec, m, mask, jacobian):
-    """Augmented rhs for m directions; mask = (y0 present, params present, args-leaf indices)."""
+def _make_aug(spec, m, mask, jacobian, as_array=False):
+    """Augmented rhs for m directions; mask = (y0 present, params present, args-leaf indices).
+    It returns a tuple of n(1 + m) components (the rhs contract the sparsity detection and the
+    colour sweeps take) or, ``as_array``, one (n(1 + m),) array (the compiled loop's form)."""
     rhs, n, P = spec.rhs, spec.n, spec.P
     treedef = spec.treedef
     arg_idx = mask[2]
@@ -86,7 +88,7 @@ def _make_aug(spec, m, mask, jacobian):
         yl = jax.lax.stop_gradient(y) if block_diag else y
         ds = jax.vmap(lambda s, dp, da: jax.jvp(g, (yl, p, ad0), (s, dp, da))[1])(S, dP, dargs)
         out = jnp.concatenate([fy, ds.reshape(-1)])
-        return tuple(out[i] for i in range(n * (1 + m)))
+        return out if as_array else tuple(out[i] for i in range(n * (1 + m)))
 
     return aug
 
@@ -193,7 +195,8 @@ def _joint_plan(spec, m, mask, args, stats):
             plan = JaxPlan(aug, spec.n * (1 + m), spec.P * (1 + m), True,
                            _aug_args(spec, args, mask, m), pattern, spec.linear_solver,
                            spec.tableau, spec.ctrl, spec.max_steps, linear=linear,
-                           seed_columns=np.arange(spec.n), jac_builder=builder)
+                           seed_columns=np.arange(spec.n), jac_builder=builder,
+                           f_array=_make_aug(spec, m, mask, spec.jacobian, as_array=True))
         stats["joint_plans"] += 1
         return plan
 

@@ -27,14 +27,21 @@ class JaxPlan:
     """Everything derived once from (rhs, n, n_params, options): structure, LU, jitted solve."""
 
     def __init__(self, rhs, n, n_params, has_args, args_example, sparsity, linear_solver, tab,
-                 ctrl, max_steps, *, linear=None, seed_columns=None, jac_builder=None):
+                 ctrl, max_steps, *, linear=None, seed_columns=None, jac_builder=None,
+                 f_array=None):
         self.n = n
-        if has_args:
+        if f_array is not None:
+            # the same rhs returning one (n,) array: the joint sensitivity system's n(1 + m)
+            # components as a tuple would put a slice, a reshape and a broadcast per component
+            # into every evaluation of the compiled loop
+            f = f_array
+        elif has_args:
             def f(y, t, p, args):
                 return jnp.stack(jnp.broadcast_arrays(*rhs(y, t, p, args)))
         else:
             def f(y, t, p, args):
                 return jnp.stack(jnp.broadcast_arrays(*rhs(y, t, p)))
+        #: f(y, t, p, args) -> (n,) array
         self.f = f
         # a plain solve of an rhs that declares its Jacobian evaluates it directly; the joint
         # sensitivity system (seed_columns) is not linear-declared and keeps the sweeps
