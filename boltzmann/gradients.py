@@ -13,11 +13,13 @@ The derivative is of the whole computation, not of the perturbation solve alone:
                       derived numbers (boltzmann.derived)
 
 The arrows are the stages themselves, in their traceable form (``tables.tables_one``,
-``perturbations.differentiable_transfers``, ``spectra.power_spectra``) on an ensemble of one
-cosmology. ``solver.solve_diff`` supplies the tangent of the solve with
-respect to the initial states, the parameter rows and the table (its tangent enters the joint
-RHS linearly).  ``jax.jacfwd`` over θ therefore asks the solver for exactly len(θ) sensitivity
-directions in one joint solve per k-chunk.
+``perturbations.mode_inputs``, ``solve_modes``, ``transfers_of_states``,
+``spectra.power_spectra``) on an ensemble of one cosmology. ``solver.solve_diff`` supplies the
+tangent of the solve with respect to the initial states, the parameter rows and the table (its
+tangent enters the joint RHS linearly). Forward mode over θ therefore asks the solver for
+exactly len(θ) sensitivity directions in one joint solve per k-chunk. ``jacobian`` runs it as
+three compiled programs (inputs and their tangents, the solve, the outputs' jvp) chained by the
+chain rule, each far smaller for XLA to compile than ``jax.jacfwd`` of the whole function.
 
 What is held fixed (not differentiated), and why:
 * the k grid in 1/Mpc (P in Mpc³): ∂/∂h is at fixed k [1/Mpc], as in CLASS's FD with k in 1/Mpc;
@@ -62,7 +64,8 @@ from solver.backends.registry import resolve_backend
 from . import derived as derived_mod
 from . import distances, modes
 from .params import ConfigError, CosmoParams
-from .perturbations import MAX_STEPS, differentiable_transfers, observables
+from .perturbations import (MAX_STEPS, mode_inputs, observables, solve_modes,
+                            transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
 from .tables import DERIVED, tables_one
@@ -115,8 +118,8 @@ class PowerSpectrumFunction:
 
     ``f = PowerSpectrumFunction(config)``; ``f.theta0`` is the fiducial vector (order
     ``f.parameters``); ``f(theta)`` evaluates (jit-able, differentiable); ``f.jacobian(theta)``
-    returns values and ∂(output)/∂θ by one forward-mode sweep (``jax.jacfwd``: one joint solve
-    with len(θ) directions per k-chunk); ``f.dlnpk(theta)`` the ∂ln P_m/∂θ table the CLI writes.
+    returns values and ∂(output)/∂θ by forward mode (one joint solve with len(θ) directions
+    per k-chunk; ``jax.jacfwd(f)`` gives the same); ``f.dlnpk(theta)`` the ∂ln P_m/∂θ table the CLI writes.
 
     Outputs besides the spectra, each differentiable in θ like them:
 
@@ -204,8 +207,10 @@ class PowerSpectrumFunction:
                                    for kind, leaf in parsed], jnp.float64)
         self._jit_value = jax.jit(self._evaluate)
         self._jit_background = jax.jit(self._background_at)
-        # one program for values and Jacobian: the primal comes from the same trace (has_aux)
-        self._jit_jac = jax.jit(jax.jacfwd(lambda th: (self._evaluate(th),) * 2, has_aux=True))
+        # the Jacobian as three programs, chained by explicit tangents (``jacobian``)
+        self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)
+        self._jit_solve_jvp = jax.jit(self._solve_and_tangents)
+        self._jit_outputs_jvp = jax.jit(self._outputs_and_tangents)
 
     @property
     def backend_name(self) -> str:
@@ -255,12 +260,25 @@ class PowerSpectrumFunction:
         cosmo, table, _ = self._tables(theta)
         return cosmo, table
 
-    def _evaluate(self, theta):
+    # the stages θ → inputs → solve → outputs; ``_evaluate`` composes them
+    def _stage_inputs(self, theta):
+        """θ → (table (1, …), rows, y0, thermodynamic redshifts): what the solve and the
+        outputs read."""
         cosmo, table, thermo = self._tables(theta)
-        fields = differentiable_transfers(
-            table, cosmo, self.k_solve[None], self.z, self.x0, self.model, self.grid,
-            rtol=self.rtol, atol=self.atol, chunks=self._chunks, backend=self.backend,
-            sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS)
+        rows, y0 = mode_inputs(table, cosmo, self.k_solve[None], self.x0, self.model, self.grid)
+        return table, rows, y0, thermo
+
+    def _stage_solve(self, table, rows, y0):
+        """The modes' states at the save times (``solve_diff``: differentiable)."""
+        return solve_modes(table, rows, y0, self.x0, self.z, self.model, rtol=self.rtol,
+                           atol=self.atol, chunks=self._chunks, backend=self.backend,
+                           sensitivity_error_control=self.sensitivity_error_control,
+                           max_steps=self.MAX_STEPS)
+
+    def _stage_outputs(self, theta, ys, rows, table, thermo):
+        """The outputs from θ and the solved states."""
+        cosmo = _one(self.cosmology(theta))
+        fields = transfers_of_states(ys, rows, table, self.k_solve[None], self.z, self.model)
         spec = power_spectra(fields, self.k_solve[None], cosmo, with_sigma8=self.with_sigma8)
         keep = self.keep
         out = {"P_m": spec["P_m"][0][:, keep], "P_cb": spec["P_cb"][0][:, keep],
@@ -270,6 +288,32 @@ class PowerSpectrumFunction:
             out["sigma8_cb"] = spec["sigma8_cb"][0]
         out.update(self._background(self.cosmology(theta), thermo))
         return out
+
+    def _evaluate(self, theta):
+        table, rows, y0, thermo = self._stage_inputs(theta)
+        return self._stage_outputs(theta, self._stage_solve(table, rows, y0), rows, table, thermo)
+
+    # the Jacobian by the chain rule over the stages, one compiled program each
+    def _inputs_and_tangents(self, theta):
+        """(inputs, their tangents with the direction axis first: one per parameter)."""
+        inputs = self._stage_inputs(theta)
+        tangents = jax.jacfwd(self._stage_inputs)(theta)
+        return inputs, jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, -1, 0), tangents)
+
+    def _solve_and_tangents(self, table, rows, y0, dtable, drows, dy0):
+        """(states, their tangents (m, …)): the plain solve and ONE joint sensitivity solve with
+        the m directions (``solve_diff``'s rule under vmap of jvp, as ``jax.jacfwd`` runs it)."""
+        return jax.vmap(lambda a, b, c: jax.jvp(self._stage_solve, (table, rows, y0), (a, b, c)),
+                        out_axes=(None, 0))(dtable, drows, dy0)
+
+    def _outputs_and_tangents(self, theta, ys, rows, table, thermo, dys, drows, dtable,
+                              dthermo):
+        """(outputs, ∂outputs/∂θ with θ's axis last, as ``jax.jacfwd`` lays it out)."""
+        eye = jnp.eye(theta.size, dtype=theta.dtype)
+        return jax.vmap(
+            lambda e, a, b, c, d: jax.jvp(self._stage_outputs, (theta, ys, rows, table, thermo),
+                                          (e, a, b, c, d)),
+            out_axes=(None, -1))(eye, dys, drows, dtable, dthermo)
 
     def _background(self, cosmo, thermo) -> dict:
         """The background observables at ``z_background`` and the derived numbers of one
@@ -338,17 +382,25 @@ class PowerSpectrumFunction:
         return self._jit_value(self.theta0 if theta is None else jnp.asarray(theta, jnp.float64))
 
     def jacobian(self, theta=None) -> tuple[dict, dict]:
-        """(values, jac): jac[name] has the output's shape + (len(θ),)."""
+        """(values, jac): jac[name] has the output's shape + (len(θ),).
+
+        Forward mode through the stages as three compiled programs chained by explicit
+        tangents — θ → (table, rows, y0) with their len(θ) tangents; the solve with one joint
+        sensitivity solve; the outputs' jvp — the same arithmetic as ``jax.jacfwd(f)`` (one
+        program), whose single XLA compile of everything at once took several times the memory
+        and longer than the three pieces on the CPU (docs/gradients.md). The values are the
+        plain solve's, as ``f(theta)`` gives them."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
-        jac, val = self._jit_jac(theta)
-        return val, jac
+        (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = self._jit_inputs_jvp(theta)
+        ys, dys = self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0)
+        return self._jit_outputs_jvp(theta, ys, rows, table, thermo, dys, drows, dtable, dthermo)
 
     def value(self, theta=None) -> dict:
         """The outputs at θ, as calling the object does."""
         return self(theta)
 
     def value_and_jacobian(self, theta=None) -> tuple[dict, dict]:
-        """(values, jac) from one forward-mode program: the name for what ``jacobian`` returns."""
+        """(values, jac): the name for what ``jacobian`` returns."""
         return self.jacobian(theta)
 
     def dlnpk(self, theta=None) -> dict:

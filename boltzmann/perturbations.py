@@ -25,8 +25,8 @@ from solver.caches import Cache
 from . import modes
 from .progress import null_progress
 
-__all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "observables",
-           "MAX_STEPS", "N_CHUNKS_JAX"]
+__all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "mode_inputs",
+           "solve_modes", "transfers_of_states", "observables", "MAX_STEPS", "N_CHUNKS_JAX"]
 
 #: step limit of each mode (the slowest sensitivity directions take ~7000 steps at
 #: k = 1 h/Mpc in the default model; plain modes under 1000)
@@ -184,22 +184,23 @@ def padded_chunks(chunks) -> np.ndarray:
     return np.stack([np.concatenate([c, np.full(size - c.size, c[-1])]) for c in chunks])
 
 
-def differentiable_transfers(table, cosmos, k, z, x0, model, grid, *, rtol, atol, chunks,
-                             backend="jax", sensitivity_error_control: bool = True,
-                             max_steps: int = MAX_STEPS) -> dict:
-    """{name: (C, Z, K)} transfer functions as a traceable function of ``table`` and ``cosmos``.
+def mode_inputs(table, cosmos, k, x0, model, grid):
+    """(rows (C·K, P), y0 (C·K, n)): every mode's parameter row and its adiabatic initial state
+    at the fixed start times ``x0`` (traceable in ``table`` and ``cosmos``)."""
+    rows = modes.mode_rows(model, cosmos, np.asarray(k, np.float64), grid)
+    return rows, modes.initial_states_at(model, rows, x0)
 
-    The start times ``x0`` (C·K,) are held fixed (boltzmann.modes.initial_states_at);
-    ``chunks``: index arrays into the C·K modes, each solved by one ``solver.solve_diff`` call.
-    On the JAX backend the chunks (padded to one size by repeating a mode) run as a ``lax.map``,
-    so the traced program holds one solve, not one per chunk: under ``jax.jacfwd`` each copy is
-    a joint sensitivity solve, and a copy per chunk multiplied what XLA has to compile.
-    """
-    k = np.asarray(k, np.float64)
-    C, K = k.shape
-    x_save, z_cols = modes.save_times(z)
-    rows = modes.mode_rows(model, cosmos, k, grid)
-    y0 = modes.initial_states_at(model, rows, x0)
+
+def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="jax",
+                sensitivity_error_control: bool = True, max_steps: int = MAX_STEPS):
+    """States (C·K, n_save, n) of every mode at ``modes.save_times(z)``, traceable and
+    differentiable in (table, rows, y0) through ``solver.solve_diff``.
+
+    ``chunks``: index arrays into the modes, each solved by one ``solve_diff`` call. On the JAX
+    backend the chunks (padded to one size by repeating a mode) run as a ``lax.map``, so the
+    traced program holds one solve, not one per chunk: under ``jax.jacfwd`` each copy is a joint
+    sensitivity solve, and a copy per chunk multiplied what XLA has to compile."""
+    x_save, _ = modes.save_times(z)
     x0 = np.asarray(x0, np.float64)
     weights = modes.error_weights(model)
     index = padded_chunks(chunks)
@@ -210,13 +211,35 @@ def differentiable_transfers(table, cosmos, k, z, x0, model, grid, *, rtol, atol
                           rtol=rtol, atol=atol, error_weights=weights, max_steps=int(max_steps),
                           backend=backend, sensitivity_error_control=sensitivity_error_control)
 
-    ys = jnp.zeros((C * K, x_save.size, model.n))
+    ys = jnp.zeros((y0.shape[0], x_save.size, model.n))
     if resolve_backend(backend).name != "jax":
         # the CUDA launch is one custom call whatever the chunk count: nothing to fold
         for idx in chunks:
             ys = ys.at[idx].set(solve_chunk(np.asarray(idx)))
-    else:
-        solved = jax.lax.map(solve_chunk, jnp.asarray(index))   # (chunks, size, saves, n)
-        ys = ys.at[index.reshape(-1)].set(solved.reshape((-1,) + solved.shape[2:]))
+        return ys
+    solved = jax.lax.map(solve_chunk, jnp.asarray(index))   # (chunks, size, saves, n)
+    return ys.at[index.reshape(-1)].set(solved.reshape((-1,) + solved.shape[2:]))
+
+
+def transfers_of_states(ys, rows, table, k, z, model) -> dict:
+    """{name: (C, Z, K)} the model's observables of the solved states (traceable)."""
+    C, K = np.shape(k)
+    x_save, z_cols = modes.save_times(z)
     obs = observables(model, ys, x_save, rows, table, compiled=False)
     return {name: _czk(v, C, K, z_cols) for name, v in obs.items()}
+
+
+def differentiable_transfers(table, cosmos, k, z, x0, model, grid, *, rtol, atol, chunks,
+                             backend="jax", sensitivity_error_control: bool = True,
+                             max_steps: int = MAX_STEPS) -> dict:
+    """{name: (C, Z, K)} transfer functions as a traceable function of ``table`` and ``cosmos``:
+    ``mode_inputs`` → ``solve_modes`` → ``transfers_of_states``.
+
+    The start times ``x0`` (C·K,) are held fixed (boltzmann.modes.initial_states_at);
+    ``chunks``: index arrays into the C·K modes (``solve_modes``).
+    """
+    rows, y0 = mode_inputs(table, cosmos, k, x0, model, grid)
+    ys = solve_modes(table, rows, y0, x0, z, model, rtol=rtol, atol=atol, chunks=chunks,
+                     backend=backend, sensitivity_error_control=sensitivity_error_control,
+                     max_steps=max_steps)
+    return transfers_of_states(ys, rows, table, k, z, model)
