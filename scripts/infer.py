@@ -313,15 +313,21 @@ def nuts(model, h, args, out_dir, fisher_result, P0, bao=None):
     sigma_F = np.sqrt(np.diag(cov_F))
 
     # the model outside numpyro's program: θ -> P through pure_callback, exact Jacobian
-    t_start, count = time.perf_counter(), [0]
+    t_start, count, failed = time.perf_counter(), [0], []
 
     def host(theta):
-        out = model(theta)
+        P, J = model(theta)
         count[0] += 1
         if args.progress and count[0] % args.progress == 0:
             print(f"  ... {count[0]} gradient solves, {time.perf_counter() - t_start:.0f} s",
                   flush=True)
-        return out
+        P, J = np.asarray(P, np.float64), np.asarray(J, np.float64)
+        if not (np.all(np.isfinite(P)) and np.all(np.isfinite(J))):
+            # a failed solve: NaN values (the potential turns them into -inf log density) and
+            # a zero Jacobian (so no NaN reaches the gradient through the masked branch)
+            failed.append(np.asarray(theta, np.float64).tolist())
+            return np.full(model.out_shape, np.nan), np.zeros(model.out_shape + (n,))
+        return P, J
 
     cached = CachedJacobian(host, model.out_shape, n)
     pk = callback_function(cached)
@@ -342,7 +348,11 @@ def nuts(model, h, args, out_dir, fisher_result, P0, bao=None):
             numpyro.factor("gaussian_prior", -0.5 * jnp.sum(r * r))
         # the solve only ever sees θ inside the box (outside, the potential is +inf anyway)
         P = pk(jnp.clip(theta, jlo, jhi))
-        numpyro.sample("P", dist.Normal(P, jsigma), obs=jdata)
+        # where the solve failed the log density is -inf: NUTS rejects the point as a
+        # divergence and goes on (no NaN reaches the sampler's arithmetic)
+        ok = jnp.all(jnp.isfinite(P))
+        numpyro.factor("failed_solve", jnp.where(ok, 0.0, -jnp.inf))
+        numpyro.sample("P", dist.Normal(jnp.where(ok, P, jdata), jsigma), obs=jdata)
         if bao is not None:
             numpyro.factor("bao", bao(jnp.clip(theta, jlo, jhi)))
 
@@ -350,6 +360,11 @@ def nuts(model, h, args, out_dir, fisher_result, P0, bao=None):
     depth = args.max_tree_depth or (2 if args.quick else 6)
     # start away from the fiducial: a seeded draw of 2 Fisher σ per whitened direction
     u_init = 2.0 * np.random.default_rng(args.seed + 1).standard_normal(n)
+    theta_init = np.clip(theta0 + L @ u_init, lo, hi)
+    if not (np.all((theta_init > lo) & (theta_init < hi))
+            and np.all(np.isfinite(cached(theta_init)[0]))):
+        print("  the start point's solve failed or left the prior box: starting at the fiducial")
+        u_init = np.zeros(n)
     kernel = NUTS(numpyro_model, init_strategy=init_to_value(values={"u": jnp.asarray(u_init)}),
                   max_tree_depth=depth, adapt_mass_matrix=False, dense_mass=False)
     mcmc = MCMC(kernel, num_warmup=warmup, num_samples=args.nuts, progress_bar=False)
@@ -393,6 +408,7 @@ def nuts(model, h, args, out_dir, fisher_result, P0, bao=None):
         "divergences": {"warmup": int(warm_extra["diverging"].sum()),
                         "sampling": int(extra["diverging"].sum())},
         "mean_accept_prob": float(extra["accept_prob"].mean()),
+        "failed_solves": len(failed), "failed_theta": failed[:20],
         "step_size": float(mcmc.last_state.adapt_state.step_size),
         "init_theta": (theta0 + L @ u_init).tolist(),
         "parameters": list(names), "fiducial": theta0.tolist(),
@@ -410,7 +426,8 @@ def nuts(model, h, args, out_dir, fisher_result, P0, bao=None):
           f"incl. numpyro's compile); sampling {t2 - t1:.1f} s ({st_s['solves']} gradients, "
           f"{st_s['solve_seconds']:.1f} s in solves); {per_grad:.2f} s per gradient")
     print(f"  divergences: {res['divergences']['warmup']} in warm-up, "
-          f"{res['divergences']['sampling']} in sampling")
+          f"{res['divergences']['sampling']} in sampling; failed solves (rejected, -inf log "
+          f"density): {len(failed)}")
     print(f"  {'':>14s}  {'fiducial':>10s} {'mean':>10s} {'sd':>9s} {'(m-f)/sd':>8s} "
           f"{'sd/σ_F':>7s} {'lin.mean':>10s} {'n_eff':>6s} {'r_hat':>6s}")
     for i, name in enumerate(names):

@@ -193,6 +193,43 @@ def test_infer_nuts_end_to_end_on_analytic_model(tmp_path):
         assert z["theta"].shape == (150, 3)
 
 
+class _FailingPk(_AnalyticPk):
+    """The analytic model whose "solve" fails (NaN values and Jacobian, as a failed mode gives)
+    above an ω_cdm threshold."""
+
+    def __init__(self, threshold):
+        super().__init__()
+        self.threshold = threshold
+
+    def __call__(self, theta):
+        P, J = super().__call__(theta)
+        if theta[0] > self.threshold:
+            return np.full_like(P, np.nan), np.full_like(J, np.nan)
+        return P, J
+
+
+def test_nuts_rejects_failed_solves_and_goes_on(tmp_path):
+    """A solve that fails inside the prior (NaN from the model) is a -inf log density: NUTS
+    rejects those points and finishes; no sample lies where the model failed, none is NaN, and
+    the failures are counted."""
+    pytest.importorskip("numpyro")
+    good = _AnalyticPk()
+    args = infer.build_parser().parse_args(
+        ["--config", "lcdm", "--nuts", "80", "--warmup", "60", "--max-tree-depth", "3",
+         "--seed", "3", "--volume", "40", "--noiseless"])
+    P0, J0 = good(good.theta0)
+    fis = infer.fisher(good, 0.67, args, P0, J0)
+    threshold = good.theta0[0] + 0.5 * fis["sigma"][0]
+    res = infer.nuts(_FailingPk(threshold), 0.67, args, tmp_path, fis, P0)
+    assert res["failed_solves"] > 0
+    assert all(th[0] > threshold for th in res["failed_theta"])
+    with np.load(tmp_path / "samples.npz") as z:
+        theta = z["theta"]
+    assert theta.shape == (80, 3) and np.all(np.isfinite(theta))
+    assert np.all(theta[:, 0] < threshold)
+    assert np.ptp(theta[:, 0]) > 0                       # the chain moved
+
+
 @pytest.fixture(scope="module")
 def desi_bao():
     """``--bao desi_dr2`` for the analytic model's parameters (distances through the real
