@@ -65,7 +65,7 @@ from . import derived as derived_mod
 from . import distances, modes
 from .params import ConfigError, CosmoParams
 from .perturbations import (MAX_STEPS, mode_inputs, observables, solve_modes,
-                            transfers_of_states)
+                            solve_modes_with_tangents, transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
 from .tables import DERIVED, tables_one
@@ -301,10 +301,13 @@ class PowerSpectrumFunction:
         return inputs, jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, -1, 0), tangents)
 
     def _solve_and_tangents(self, table, rows, y0, dtable, drows, dy0):
-        """(states, their tangents (m, …)): the plain solve and ONE joint sensitivity solve with
-        the m directions (``solve_diff``'s rule under vmap of jvp, as ``jax.jacfwd`` runs it)."""
-        return jax.vmap(lambda a, b, c: jax.jvp(self._stage_solve, (table, rows, y0), (a, b, c)),
-                        out_axes=(None, 0))(dtable, drows, dy0)
+        """(states, their tangents (m, …)) from ONE joint sensitivity solve with the m directions
+        (``solver.solve_with_tangents``; on the JAX backend the states are the joint solve's
+        own, so no plain solve runs beside it)."""
+        return solve_modes_with_tangents(
+            table, rows, y0, dtable, drows, dy0, self.x0, self.z, self.model, rtol=self.rtol,
+            atol=self.atol, chunks=self._chunks, backend=self.backend,
+            sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS)
 
     def _outputs_and_tangents(self, theta, ys, rows, table, thermo, dys, drows, dtable,
                               dthermo):
@@ -388,8 +391,10 @@ class PowerSpectrumFunction:
         tangents — θ → (table, rows, y0) with their len(θ) tangents; the solve with one joint
         sensitivity solve; the outputs' jvp — the same arithmetic as ``jax.jacfwd(f)`` (one
         program), whose single XLA compile of everything at once took several times the memory
-        and longer than the three pieces on the CPU (docs/gradients.md). The values are the
-        plain solve's, as ``f(theta)`` gives them."""
+        and longer than the three pieces on the CPU (docs/gradients.md). On the JAX backend the
+        values come from the joint solve (the steps that also control the sensitivities), so
+        they equal ``f(theta)``'s to the solver tolerance, and ∂P/∂θ is exactly consistent with
+        them; on the CUDA backend they are the plain solve's."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = self._jit_inputs_jvp(theta)
         ys, dys = self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solver import describe, solve, solve_diff
+from solver import describe, solve, solve_diff, solve_with_tangents
 from solver.backends.registry import resolve_backend
 from solver.caches import Cache
 
@@ -26,7 +26,8 @@ from . import modes
 from .progress import null_progress
 
 __all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "mode_inputs",
-           "solve_modes", "transfers_of_states", "observables", "MAX_STEPS", "N_CHUNKS_JAX"]
+           "solve_modes", "solve_modes_with_tangents", "transfers_of_states", "observables",
+           "MAX_STEPS", "N_CHUNKS_JAX"]
 
 #: step limit of each mode (the slowest sensitivity directions take ~7000 steps at
 #: k = 1 h/Mpc in the default model; plain modes under 1000)
@@ -219,6 +220,44 @@ def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="j
         return ys
     solved = jax.lax.map(solve_chunk, jnp.asarray(index))   # (chunks, size, saves, n)
     return ys.at[index.reshape(-1)].set(solved.reshape((-1,) + solved.shape[2:]))
+
+
+def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model, *, rtol, atol,
+                              chunks, backend="jax", sensitivity_error_control: bool = True,
+                              max_steps: int = MAX_STEPS):
+    """(states (C·K, n_save, n), their tangents (m, C·K, n_save, n)) along m input tangents
+    (leading axis m on dtable, drows, dy0): ``solve_modes``'s derivative by
+    ``solver.solve_with_tangents``, whose values on the JAX backend come from the joint solve
+    itself (one integration loop per chunk in the program, not a plain one beside it)."""
+    x_save, _ = modes.save_times(z)
+    x0 = np.asarray(x0, np.float64)
+    weights = modes.error_weights(model)
+    index = padded_chunks(chunks)
+    m = dy0.shape[0]
+
+    def solve_chunk(idx):
+        t0 = x0[idx] if isinstance(idx, np.ndarray) else jnp.asarray(x0)[idx]
+        return solve_with_tangents(
+            model.rhs, y0[idx], x_save, rows[idx], dy0=dy0[:, idx], dparams=drows[:, idx],
+            dargs=dtable, args=table, t0=t0, rtol=rtol, atol=atol, error_weights=weights,
+            max_steps=int(max_steps), backend=backend,
+            sensitivity_error_control=sensitivity_error_control)
+
+    N = y0.shape[0]
+    ys = jnp.zeros((N, x_save.size, model.n))
+    dys = jnp.zeros((m, N, x_save.size, model.n))
+    if resolve_backend(backend).name != "jax":
+        for idx in chunks:
+            idx = np.asarray(idx)
+            y_c, d_c = solve_chunk(idx)
+            ys, dys = ys.at[idx].set(y_c), dys.at[:, idx].set(d_c)
+        return ys, dys
+    y_c, d_c = jax.lax.map(solve_chunk, jnp.asarray(index))   # (chunks, size, ...), (chunks, m, ...)
+    flat = index.reshape(-1)
+    ys = ys.at[flat].set(y_c.reshape((-1,) + y_c.shape[2:]))
+    d_c = jnp.moveaxis(d_c, 1, 0)                               # (m, chunks, size, ...)
+    dys = dys.at[:, flat].set(d_c.reshape((m, -1) + d_c.shape[3:]))
+    return ys, dys
 
 
 def transfers_of_states(ys, rows, table, k, z, model) -> dict:

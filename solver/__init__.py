@@ -18,9 +18,9 @@ from .method.controller import PIDController
 from .method.tableau import RODAS5P, RosenbrockTableau
 from .problem.solution import Solution
 from .problem.status import Status, describe
-from .sensitivity import grad_by_forward_mode, joint_solve, solve_diff
+from .sensitivity import grad_by_forward_mode, joint_solve, solve_diff, solve_with_tangents
 
-__all__ = ["solve", "solve_diff", "joint_solve", "grad_by_forward_mode", "Solution", "Status",
-           "describe", "PIDController", "RODAS5P", "RosenbrockTableau", "Backend", "JaxBackend",
+__all__ = ["solve", "solve_diff", "joint_solve", "solve_with_tangents", "grad_by_forward_mode",
+           "Solution", "Status", "describe", "PIDController", "RODAS5P", "RosenbrockTableau", "Backend", "JaxBackend",
            "CudaBackend", "CudaBackendUnavailable", "cuda_available", "pick_backend", "Cache",
            "clear_caches"]

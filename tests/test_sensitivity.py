@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from solver import JaxBackend, grad_by_forward_mode, joint_solve, solve, solve_diff
+from solver import (JaxBackend, grad_by_forward_mode, joint_solve, solve, solve_diff,
+                    solve_with_tangents)
 from stiff_problems import ROBERTSON
 
 TIGHT = dict(rtol=1e-10, atol=1e-12)
@@ -137,6 +138,51 @@ def test_args_tangents_jacfwd_grad_vmap():
     ths = jnp.stack([th, 1.1 * th])
     np.testing.assert_allclose(jax.vmap(jax.grad(loss))(ths)[1], jax.grad(loss)(1.1 * th),
                                rtol=1e-10)
+
+
+class _PlainPlusTangentBackend(JaxBackend):
+    """The JAX backend without a joint values-and-sensitivities solve (as the CUDA backend):
+    ``solve_with_tangents`` must fall back to the plain solve and the tangent primitive."""
+
+    def solve_with_sensitivities(self, *args):
+        return None
+
+
+def test_solve_with_tangents_is_one_joint_loop_with_the_jvp_derivatives():
+    """Values and m directional derivatives in one traced solve: derivatives equal vmap of jvp of
+    solve_diff (the same joint solve), values equal the plain solve's to the tolerance (the
+    joint solve's own y) and, without sensitivity error control (the plain solve's steps), to
+    ~1e-11 (the same steps; the joint arithmetic rounds differently); the program has one integration loop (the jvp route has two); a backend without
+    the joint values gives the jvp route's numbers."""
+    y0, k = ROBERTSON.y0[None], ROBERTSON.params[None]
+    ts = jnp.array([0.0, 1e-2, 1.0, 1e2, 1e4])
+    tol = dict(rtol=1e-6, atol=1e-10)
+    dp = jnp.eye(3)[:, None, :] * k                                  # (m, N, P)
+    dy = jnp.zeros((3,) + y0.shape)
+
+    def via_jvp(q_dirs, **kw):
+        f = lambda q: solve_diff(ROBERTSON.rhs, y0, ts, q, **tol, **kw)  # noqa: E731
+        return jax.vmap(lambda d: jax.jvp(f, (k,), (d,)), out_axes=(None, 0))(q_dirs)
+
+    def direct(**kw):
+        return solve_with_tangents(ROBERTSON.rhs, y0, ts, k, dy0=dy, dparams=dp, **tol, **kw)
+
+    ys_j, dys_j = jax.jit(via_jvp)(dp)
+    ys, dys = jax.jit(direct)()
+    assert dys.shape == (3,) + ys.shape
+    np.testing.assert_allclose(dys, dys_j, rtol=1e-12, atol=1e-300)
+    scale = np.abs(np.asarray(ys_j)).max(axis=(0, 1))
+    assert np.all(np.abs(ys - ys_j) <= 1e-5 * scale + 1e-10)      # the joint solve's own y
+    ys_off, _ = direct(sensitivity_error_control=False)
+    np.testing.assert_allclose(ys_off, solve(ROBERTSON.rhs, y0, ts, k, **tol).ys, rtol=1e-9)
+    loops = lambda fn, *a: jax.jit(fn).lower(*a).as_text().count("stablehlo.while")  # noqa: E731
+    assert loops(direct) < loops(via_jvp, dp)
+    fallback = _PlainPlusTangentBackend()
+    ys_f, dys_f = direct(backend=fallback)
+    np.testing.assert_allclose(ys_f, ys_j, rtol=1e-9)            # the plain solve (eager vs jit)
+    np.testing.assert_allclose(dys_f, dys_j, rtol=1e-12, atol=1e-300)
+    with pytest.raises(ValueError, match="at least one tangent"):
+        solve_with_tangents(ROBERTSON.rhs, y0, ts, k, **tol)
 
 
 # --- the exact joint Jacobian keeps step counts near the plain solve's ------------------------

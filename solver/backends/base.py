@@ -52,5 +52,12 @@ class Backend(abc.ABC):
         """Eager: (ys (N, ns, n), dys (m, N, ns, n), info dict with at least ``status``,
         ``n_accepted`` and ``n_rejected`` per trajectory)."""
 
+    def solve_with_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp,
+                                 dargs):
+        """(ys (N, n_save, n), dys (m, N, n_save, n)) from one traced solve, or None where the
+        backend has no such solve (then ``solver.solve_with_tangents`` runs the plain solve and
+        ``solve_sensitivities``)."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -41,7 +41,7 @@ from ..caches import Cache
 from .primitive import sensitivity_tangent_p
 from .spec import prepare
 
-__all__ = ["solve_diff", "joint_solve", "grad_by_forward_mode"]
+__all__ = ["solve_diff", "joint_solve", "solve_with_tangents", "grad_by_forward_mode"]
 
 #: the custom_jvp function of each spec (its identity keys JAX's jit caches)
 DIFF_FNS = Cache("sensitivity.diff_fns", maxsize=256)
@@ -133,19 +133,59 @@ def joint_solve(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None, da
                                              error_weights, sensitivity_atol,
                                              sensitivity_error_control, max_steps, solve_kwargs)
     leaves = tuple(jax.tree_util.tree_leaves(args))
+    arg_idx, dl = _arg_tangents(cfg, dargs)
+    mask = (dy0 is not None, dparams is not None and cfg.P > 0, arg_idx)
+    dy0 = None if dy0 is None else jnp.asarray(dy0, jnp.float64)
+    dp = None if not mask[1] else jnp.asarray(dparams, jnp.float64)
+    if dy0 is None and dp is None and not dl:
+        raise ValueError("joint_solve needs at least one tangent (dy0, dparams or dargs)")
+    return cfg.backend.joint_solve(cfg, mask, y0, params, leaves, ts, t0a, tea, dy0, dp, dl)
+
+
+def _arg_tangents(cfg, dargs):
+    """(indices of the differentiated float args leaves, their tangents (m, *leaf))."""
     arg_idx, dl = [], []
     if dargs is not None:
         for i, d in enumerate(jax.tree_util.tree_leaves(dargs)):
             if d is not None and cfg.float_leaf[i]:
                 arg_idx.append(i)
                 dl.append(jnp.asarray(d, jnp.float64))
-    mask = (dy0 is not None, dparams is not None and cfg.P > 0, tuple(arg_idx))
+    return tuple(arg_idx), tuple(dl)
+
+
+def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None,
+                        dargs=None, args=None, rtol: float = 1e-6, atol=1e-9, t0=None,
+                        t_end=None, error_weights=None, sensitivity_error_control: bool = True,
+                        sensitivity_atol=None, max_steps: int = 100_000, **solve_kwargs):
+    """Traceable values and directional derivatives of the solve: ``(ys, dys)``, ys (N, ns, n)
+    and dys (m, N, ns, n) along the tangents dy0 (m, N, n), dparams (m, N, P), dargs (args' tree
+    with a leading m on each leaf); any may be None.
+
+    ``jax.vmap`` of ``jax.jvp`` of :func:`solve_diff` gives the same derivatives, but its values
+    come from a separate plain solve: two integration loops in the compiled program. Here, on
+    the JAX backend, ys is the joint solve's own y (the steps that also control the
+    sensitivities, so ys equals ``solve_diff``'s to the tolerance, not to rounding), and the
+    program holds one loop. Other backends run the plain solve and the sensitivity solve.
+    Not differentiable itself (it is the derivative)."""
+    cfg, y0, params, ts, t0a, tea = prepare(rhs, y0, t_save, params, args, rtol, atol, t0, t_end,
+                                             error_weights, sensitivity_atol,
+                                             sensitivity_error_control, max_steps, solve_kwargs)
+    leaves = tuple(jax.tree_util.tree_leaves(args))
+    arg_idx, dl = _arg_tangents(cfg, dargs)
+    mask = (dy0 is not None, dparams is not None and cfg.P > 0, arg_idx)
     dy0 = None if dy0 is None else jnp.asarray(dy0, jnp.float64)
     dp = None if not mask[1] else jnp.asarray(dparams, jnp.float64)
     if dy0 is None and dp is None and not dl:
-        raise ValueError("joint_solve needs at least one tangent (dy0, dparams or dargs)")
-    return cfg.backend.joint_solve(cfg, mask, y0, params, leaves, ts, t0a, tea, dy0, dp,
-                                   tuple(dl))
+        raise ValueError("solve_with_tangents needs at least one tangent (dy0, dparams, dargs)")
+    both = cfg.backend.solve_with_sensitivities(cfg, mask, y0, params, leaves, ts, t0a, tea,
+                                                dy0, dp, dl)
+    if both is not None:
+        return both
+    ys = cfg.backend.solve_ys(cfg, y0, params, args, ts, t0a, tea)
+    tans = [t for t in (dy0, dp) if t is not None] + list(dl)
+    dys = sensitivity_tangent_p.bind(y0, params, *leaves, ts, t0a, tea, *tans, cfg=cfg,
+                                     mask=mask)
+    return ys, dys
 
 
 def grad_by_forward_mode(fun: Callable) -> Callable:

@@ -55,6 +55,14 @@ class JaxBackend(Backend):
         N, ns, n = y0.shape[0], res.ys.shape[1], spec.n
         return jnp.moveaxis(res.ys[:, :, n:].reshape(N, ns, m, n), 2, 0)
 
+    def solve_with_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp,
+                                 dargs):
+        """The joint solve's own y beside the sensitivities: no separate plain solve."""
+        res, m = joint_run(spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
+                           self.stats)
+        N, ns, n = y0.shape[0], res.ys.shape[1], spec.n
+        return res.ys[:, :, :n], jnp.moveaxis(res.ys[:, :, n:].reshape(N, ns, m, n), 2, 0)
+
     def joint_solve(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
         res, m = joint_run(spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
                            self.stats)
