@@ -152,8 +152,9 @@ def test_solve_with_tangents_is_one_joint_loop_with_the_jvp_derivatives():
     """Values and m directional derivatives in one traced solve: derivatives equal vmap of jvp of
     solve_diff (the same joint solve), values equal the plain solve's to the tolerance (the
     joint solve's own y) and, without sensitivity error control (the plain solve's steps), to
-    ~1e-11 (the same steps; the joint arithmetic rounds differently); the program has one integration loop (the jvp route has two); a backend without
-    the joint values gives the jvp route's numbers."""
+    ~1e-11 (the same steps; the joint arithmetic rounds differently); the program has one
+    integration loop (the jvp route has two); a backend without the joint values gives the jvp
+    route's numbers."""
     y0, k = ROBERTSON.y0[None], ROBERTSON.params[None]
     ts = jnp.array([0.0, 1e-2, 1.0, 1e2, 1e4])
     tol = dict(rtol=1e-6, atol=1e-10)
