@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from solver import CudaBackend, Status, joint_solve, solve, solve_diff
+from solver import CudaBackend, Status, joint_solve, solve, solve_diff, solve_with_tangents
 from solver.backends.cuda.emulation import sens_probe_emulated, sensitivity_emulated
 from stiff_problems import ROBERTSON
 
@@ -218,7 +218,8 @@ def test_emulated_failed_direction_marks_trajectory():
 def test_solve_diff_cuda_path_with_emulated_kernels():
     """solve_diff's CUDA path (host callbacks for the primal and the tangent, jit, grad, jacfwd,
     vmap over primals) with the emulated kernels standing in for the GPU launches: the same
-    derivatives as backend='jax'; joint_solve reports every thread's steps and the launch."""
+    derivatives as backend='jax'; joint_solve reports every thread's steps and the launch;
+    solve_with_tangents gives solve_diff's values and joint_solve's sensitivities."""
     def loss(k, backend):
         ys = solve_diff(ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, k[None],
                         rtol=1e-8, atol=1e-14, backend=backend)
@@ -242,6 +243,16 @@ def test_solve_diff_cuda_path_with_emulated_kernels():
     assert dys.shape == (3, 1, ROB_TS.size, 3) and info["launch"]["threads"] == 3
     assert info["thread_n_accepted"].shape == (3, 1) and np.all(info["thread_status"] == 0)
     assert info["n_accepted"][0] == info["thread_n_accepted"].max() > 0
+    # solve_with_tangents on the CUDA backend: the plain solve and the sensitivity kernel (it has
+    # no joint values solve), inside jit, equal to jacfwd's derivatives through solve_diff
+    dirs, dys_joint = _unit_param_directions(ROBERTSON.params[None]), dys
+    ys, dys = jax.jit(lambda q: solve_with_tangents(
+        ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, q, dparams=dirs, rtol=1e-8,
+        atol=1e-14, backend=EMULATED))(k[None])
+    ys_d = solve_diff(ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, k[None],
+                      rtol=1e-8, atol=1e-14, backend=EMULATED)
+    np.testing.assert_allclose(ys, ys_d, rtol=1e-12)
+    np.testing.assert_allclose(dys, dys_joint, rtol=1e-12, atol=1e-300)
 
 
 def test_cuda_backend_unavailable_is_clear():
