@@ -192,34 +192,54 @@ def mode_inputs(table, cosmos, k, x0, model, grid):
     return rows, modes.initial_states_at(model, rows, x0)
 
 
+def _run_chunks(solve_chunk, chunks, backend, n_modes: int):
+    """``solve_chunk(idx)`` over the chunks (a pytree of arrays, the chunk's modes first),
+    scattered into arrays over all ``n_modes``. On the JAX backend the chunks, padded to one size
+    by repeating a mode, run as one ``lax.map``, so the traced program holds one solve, not one
+    per chunk (under differentiation each copy would be a joint sensitivity solve); the CUDA
+    launch is one custom call whatever the chunk count, so there the chunks run in turn."""
+    def scatter(idx, outs, solved):
+        return jax.tree_util.tree_map(
+            lambda a, x: (jnp.zeros((n_modes,) + x.shape[1:], x.dtype) if a is None else a)
+            .at[idx].set(x), outs, solved, is_leaf=lambda a: a is None)
+
+    if resolve_backend(backend).name != "jax":
+        outs = None
+        for idx in chunks:
+            idx = np.asarray(idx)
+            solved = solve_chunk(idx)
+            outs = scatter(idx, jax.tree_util.tree_map(lambda _: None, solved) if outs is None
+                           else outs, solved)
+        return outs
+    index = padded_chunks(chunks)
+    solved = jax.lax.map(solve_chunk, jnp.asarray(index))     # (chunks, size, ...)
+    solved = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), solved)
+    return scatter(index.reshape(-1), jax.tree_util.tree_map(lambda _: None, solved), solved)
+
+
+def _solve_settings(z, x0, model):
+    """(save times, start times as numpy, error weights) of the modes' solves."""
+    return modes.save_times(z)[0], np.asarray(x0, np.float64), modes.error_weights(model)
+
+
+def _start_times(x0, idx):
+    return x0[idx] if isinstance(idx, np.ndarray) else jnp.asarray(x0)[idx]
+
+
 def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="jax",
                 sensitivity_error_control: bool = True, max_steps: int = MAX_STEPS):
     """States (C·K, n_save, n) of every mode at ``modes.save_times(z)``, traceable and
-    differentiable in (table, rows, y0) through ``solver.solve_diff``.
-
-    ``chunks``: index arrays into the modes, each solved by one ``solve_diff`` call. On the JAX
-    backend the chunks (padded to one size by repeating a mode) run as a ``lax.map``, so the
-    traced program holds one solve, not one per chunk: under ``jax.jacfwd`` each copy is a joint
-    sensitivity solve, and a copy per chunk multiplied what XLA has to compile."""
-    x_save, _ = modes.save_times(z)
-    x0 = np.asarray(x0, np.float64)
-    weights = modes.error_weights(model)
-    index = padded_chunks(chunks)
+    differentiable in (table, rows, y0) through ``solver.solve_diff``; ``chunks``: index arrays
+    into the modes, each solved by one call (``_run_chunks``)."""
+    x_save, x0, weights = _solve_settings(z, x0, model)
 
     def solve_chunk(idx):
-        t0 = x0[idx] if isinstance(idx, np.ndarray) else jnp.asarray(x0)[idx]
-        return solve_diff(model.rhs, y0[idx], x_save, rows[idx], args=table, t0=t0,
-                          rtol=rtol, atol=atol, error_weights=weights, max_steps=int(max_steps),
-                          backend=backend, sensitivity_error_control=sensitivity_error_control)
+        return solve_diff(model.rhs, y0[idx], x_save, rows[idx], args=table,
+                          t0=_start_times(x0, idx), rtol=rtol, atol=atol, error_weights=weights,
+                          max_steps=int(max_steps), backend=backend,
+                          sensitivity_error_control=sensitivity_error_control)
 
-    ys = jnp.zeros((y0.shape[0], x_save.size, model.n))
-    if resolve_backend(backend).name != "jax":
-        # the CUDA launch is one custom call whatever the chunk count: nothing to fold
-        for idx in chunks:
-            ys = ys.at[idx].set(solve_chunk(np.asarray(idx)))
-        return ys
-    solved = jax.lax.map(solve_chunk, jnp.asarray(index))   # (chunks, size, saves, n)
-    return ys.at[index.reshape(-1)].set(solved.reshape((-1,) + solved.shape[2:]))
+    return _run_chunks(solve_chunk, chunks, backend, y0.shape[0])
 
 
 def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model, *, rtol, atol,
@@ -229,35 +249,18 @@ def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model,
     (leading axis m on dtable, drows, dy0): ``solve_modes``'s derivative by
     ``solver.solve_with_tangents``, whose values on the JAX backend come from the joint solve
     itself (one integration loop per chunk in the program, not a plain one beside it)."""
-    x_save, _ = modes.save_times(z)
-    x0 = np.asarray(x0, np.float64)
-    weights = modes.error_weights(model)
-    index = padded_chunks(chunks)
-    m = dy0.shape[0]
+    x_save, x0, weights = _solve_settings(z, x0, model)
 
     def solve_chunk(idx):
-        t0 = x0[idx] if isinstance(idx, np.ndarray) else jnp.asarray(x0)[idx]
-        return solve_with_tangents(
+        ys, dys = solve_with_tangents(
             model.rhs, y0[idx], x_save, rows[idx], dy0=dy0[:, idx], dparams=drows[:, idx],
-            dargs=dtable, args=table, t0=t0, rtol=rtol, atol=atol, error_weights=weights,
-            max_steps=int(max_steps), backend=backend,
+            dargs=dtable, args=table, t0=_start_times(x0, idx), rtol=rtol, atol=atol,
+            error_weights=weights, max_steps=int(max_steps), backend=backend,
             sensitivity_error_control=sensitivity_error_control)
+        return ys, jnp.moveaxis(dys, 0, 1)                       # the chunk's modes first
 
-    N = y0.shape[0]
-    ys = jnp.zeros((N, x_save.size, model.n))
-    dys = jnp.zeros((m, N, x_save.size, model.n))
-    if resolve_backend(backend).name != "jax":
-        for idx in chunks:
-            idx = np.asarray(idx)
-            y_c, d_c = solve_chunk(idx)
-            ys, dys = ys.at[idx].set(y_c), dys.at[:, idx].set(d_c)
-        return ys, dys
-    y_c, d_c = jax.lax.map(solve_chunk, jnp.asarray(index))   # (chunks, size, ...), (chunks, m, ...)
-    flat = index.reshape(-1)
-    ys = ys.at[flat].set(y_c.reshape((-1,) + y_c.shape[2:]))
-    d_c = jnp.moveaxis(d_c, 1, 0)                               # (m, chunks, size, ...)
-    dys = dys.at[:, flat].set(d_c.reshape((m, -1) + d_c.shape[3:]))
-    return ys, dys
+    ys, dys = _run_chunks(solve_chunk, chunks, backend, y0.shape[0])
+    return ys, jnp.moveaxis(dys, 1, 0)
 
 
 def transfers_of_states(ys, rows, table, k, z, model) -> dict:
