@@ -85,8 +85,10 @@ def test_fiducial_vector_and_names(exact):
 def test_amplitude_and_tilt_are_exact(exact):
     """P ∝ A_s (k/k_pivot)^(n_s-1) T(k)^2 and T does not depend on A_s, n_s.
 
-    The tangent ∂P/∂θ comes from the joint [y, S] solve and P from the plain solve (the custom_jvp
-    rule's primal); their steps differ, so the ratio is exact only to ~rtol (1e-7 here).
+    ``jacobian`` takes P and ∂P/∂θ from one joint [y, S] solve (``solver.solve_with_tangents``),
+    so the ratio is exact to rounding; the tolerance stays at ~rtol (1e-7 here), what it is
+    when P comes from a separate plain solve (``jax.jacfwd`` of the function, or the CUDA
+    backend), whose steps differ.
     """
     fn, d = exact
     i_as, i_ns = PARAMETERS.index("ln10^{10}A_s"), PARAMETERS.index("n_s")
