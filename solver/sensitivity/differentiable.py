@@ -129,28 +129,33 @@ def joint_solve(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None, da
     Option ``_jacobian="block_diagonal"`` (in solve_kwargs, JAX backend) drops the d²f/dy²·s
     block from the joint Jacobian: a diagnostic that shows why the exact block is needed.
     """
+    cfg, mask, ops, tans = _explicit_directions(
+        "joint_solve", rhs, y0, t_save, params, args, dy0, dparams, dargs, rtol, atol, t0, t_end,
+        error_weights, sensitivity_atol, sensitivity_error_control, max_steps, solve_kwargs)
+    return cfg.backend.joint_solve(cfg, mask, *ops, *tans)
+
+
+def _explicit_directions(caller, rhs, y0, t_save, params, args, dy0, dparams, dargs, rtol, atol,
+                         t0, t_end, error_weights, sensitivity_atol, sec, max_steps, solve_kwargs):
+    """(spec, mask, (y0, params, args leaves, ts, t0, t_end), (dy0, dp, arg-leaf tangents)) for
+    a solve along explicit tangents: dy0 (m, N, n), dparams (m, N, P), dargs (args' tree with a
+    leading m on each leaf), any of them None."""
     cfg, y0, params, ts, t0a, tea = prepare(rhs, y0, t_save, params, args, rtol, atol, t0, t_end,
-                                             error_weights, sensitivity_atol,
-                                             sensitivity_error_control, max_steps, solve_kwargs)
-    leaves = tuple(jax.tree_util.tree_leaves(args))
-    arg_idx, dl = _arg_tangents(cfg, dargs)
-    mask = (dy0 is not None, dparams is not None and cfg.P > 0, arg_idx)
-    dy0 = None if dy0 is None else jnp.asarray(dy0, jnp.float64)
-    dp = None if not mask[1] else jnp.asarray(dparams, jnp.float64)
-    if dy0 is None and dp is None and not dl:
-        raise ValueError("joint_solve needs at least one tangent (dy0, dparams or dargs)")
-    return cfg.backend.joint_solve(cfg, mask, y0, params, leaves, ts, t0a, tea, dy0, dp, dl)
-
-
-def _arg_tangents(cfg, dargs):
-    """(indices of the differentiated float args leaves, their tangents (m, *leaf))."""
+                                             error_weights, sensitivity_atol, sec, max_steps,
+                                             solve_kwargs)
     arg_idx, dl = [], []
     if dargs is not None:
         for i, d in enumerate(jax.tree_util.tree_leaves(dargs)):
             if d is not None and cfg.float_leaf[i]:
                 arg_idx.append(i)
                 dl.append(jnp.asarray(d, jnp.float64))
-    return tuple(arg_idx), tuple(dl)
+    mask = (dy0 is not None, dparams is not None and cfg.P > 0, tuple(arg_idx))
+    dy0 = None if dy0 is None else jnp.asarray(dy0, jnp.float64)
+    dp = None if not mask[1] else jnp.asarray(dparams, jnp.float64)
+    if dy0 is None and dp is None and not dl:
+        raise ValueError(f"{caller} needs at least one tangent (dy0, dparams or dargs)")
+    leaves = tuple(jax.tree_util.tree_leaves(args))
+    return cfg, mask, (y0, params, leaves, ts, t0a, tea), (dy0, dp, tuple(dl))
 
 
 def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None,
@@ -167,23 +172,17 @@ def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=
     sensitivities, so ys equals ``solve_diff``'s to the tolerance, not to rounding), and the
     program holds one loop. Other backends run the plain solve and the sensitivity solve.
     Not differentiable itself (it is the derivative)."""
-    cfg, y0, params, ts, t0a, tea = prepare(rhs, y0, t_save, params, args, rtol, atol, t0, t_end,
-                                             error_weights, sensitivity_atol,
-                                             sensitivity_error_control, max_steps, solve_kwargs)
-    leaves = tuple(jax.tree_util.tree_leaves(args))
-    arg_idx, dl = _arg_tangents(cfg, dargs)
-    mask = (dy0 is not None, dparams is not None and cfg.P > 0, arg_idx)
-    dy0 = None if dy0 is None else jnp.asarray(dy0, jnp.float64)
-    dp = None if not mask[1] else jnp.asarray(dparams, jnp.float64)
-    if dy0 is None and dp is None and not dl:
-        raise ValueError("solve_with_tangents needs at least one tangent (dy0, dparams, dargs)")
-    both = cfg.backend.solve_with_sensitivities(cfg, mask, y0, params, leaves, ts, t0a, tea,
-                                                dy0, dp, dl)
+    cfg, mask, ops, tans = _explicit_directions(
+        "solve_with_tangents", rhs, y0, t_save, params, args, dy0, dparams, dargs, rtol, atol,
+        t0, t_end, error_weights, sensitivity_atol, sensitivity_error_control, max_steps,
+        solve_kwargs)
+    both = cfg.backend.solve_with_sensitivities(cfg, mask, *ops, *tans)
     if both is not None:
         return both
+    y0, params, leaves, ts, t0a, tea = ops
     ys = cfg.backend.solve_ys(cfg, y0, params, args, ts, t0a, tea)
-    tans = [t for t in (dy0, dp) if t is not None] + list(dl)
-    dys = sensitivity_tangent_p.bind(y0, params, *leaves, ts, t0a, tea, *tans, cfg=cfg,
+    present = [t for t in tans[:2] if t is not None] + list(tans[2])
+    dys = sensitivity_tangent_p.bind(y0, params, *leaves, ts, t0a, tea, *present, cfg=cfg,
                                      mask=mask)
     return ys, dys
 
