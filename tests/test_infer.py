@@ -242,6 +242,7 @@ def desi_bao():
     return args, infer.bao_term(args, load_config("lcdm"), _AnalyticPk.parameters)
 
 
+@pytest.mark.slow  # the thermodynamics' value, gradient and Jacobian programs: ~100 s on 2 cores
 def test_desi_bao_fisher_and_potential(desi_bao):
     """``--bao desi_dr2``: its Fisher block Jᵀ C⁻¹ J (ω_cdm only: A_s and n_s do not move
     distances) and score enter the forecast; the ln L that NUTS adds to the potential has a
