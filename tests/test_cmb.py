@@ -48,6 +48,23 @@ def test_bessel_table_matches_scipy():
         assert np.allclose(jx2[safe] * x[safe] ** 2, j[safe], rtol=1e-12, atol=1e-14)
 
 
+def test_bessel_table_cache_reuses_a_table_within_its_bucket():
+    """Two x_max in one bucket share one table; its values equal a fresh build's wherever
+    both are defined, and a table from another bucket is a different object."""
+    ells = np.array([2, 40, 300])
+    a = bessel.BesselTable.cached(ells, 610.0)
+    b = bessel.BesselTable.cached(ells, 640.0)
+    assert a is b and a.x_max >= 640.0
+    fresh = bessel.BesselTable.build(ells, 610.0)
+    n = fresh.j.shape[1]
+    np.testing.assert_array_equal(np.asarray(a.j)[:, :n - 2], np.asarray(fresh.j)[:, :n - 2])
+    x = jnp.linspace(0.0, 609.0, 301)
+    for il in range(ells.size):
+        for u, v in zip(bessel.values(a, il, x), bessel.values(fresh, il, x)):
+            np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=0, atol=1e-15)
+    assert bessel.BesselTable.cached(ells, 610.0 + bessel.X_BUCKET) is not a
+
+
 def test_turning_point_is_below_the_function():
     for ell in (2, 10, 100, 1000, 3000):
         x0 = bessel.turning_point(ell)
@@ -135,19 +152,30 @@ def test_wavenumber_grids():
 
 # ------------------------------------------------------------------ lensing
 def test_wigner_d_recurrence():
-    from scipy.special import eval_legendre
+    from scipy.special import eval_legendre, lpmv
 
-    from boltzmann.cmb.lensing import _Recurrence, wigner_d_start
+    from boltzmann.cmb.lensing import PAIRS, _scan_d, wigner_d_start
 
     beta = np.linspace(0.01, 3.1, 7)
-    rec = _Recurrence(beta)
+
+    def keep(carry, ell, d):
+        return carry, jnp.stack([d[p] for p in PAIRS])
+
+    _, ds = _scan_d(beta, 59, keep, 0.0)
+    ds = np.asarray(ds)
+    d = {p: ds[:, i] for i, p in enumerate(PAIRS)}
+    x = np.cos(beta)
     for ell in range(0, 60):
-        d = rec.advance()
-        np.testing.assert_allclose(d[(0, 0)], eval_legendre(ell, np.cos(beta)), atol=1e-12)
-        if ell >= 2:   # closed forms of d^ℓ_{22} for ℓ = 2 and of d^ℓ_{2,-2} for ℓ = 2
-            if ell == 2:
-                np.testing.assert_allclose(d[(2, 2)], ((1 + np.cos(beta)) / 2) ** 2, atol=1e-14)
-                np.testing.assert_allclose(d[(2, -2)], ((1 - np.cos(beta)) / 2) ** 2, atol=1e-14)
+        np.testing.assert_allclose(d[(0, 0)][ell], eval_legendre(ell, x), atol=1e-12)
+        if ell >= 4:   # d^ℓ_{m0} = sqrt((ℓ-m)!/(ℓ+m)!) P_ℓ^m(cos β) (Condon-Shortley phase)
+            for m in (2, 4):
+                f = np.sqrt(np.prod(1.0 / np.arange(ell - m + 1, ell + m + 1)))
+                np.testing.assert_allclose(d[(m, 0)][ell], f * lpmv(m, ell, x), atol=1e-11)
+        if ell < 3:
+            assert np.all(d[(3, 1)][ell] == 0) and np.all(d[(4, -4)][ell] == 0)
+    np.testing.assert_allclose(d[(2, 2)][2], ((1 + x) / 2) ** 2, atol=1e-14)
+    np.testing.assert_allclose(d[(2, -2)][2], ((1 - x) / 2) ** 2, atol=1e-14)
+    np.testing.assert_allclose(d[(1, 1)][1], (1 + x) / 2, atol=1e-14)
     assert np.allclose(wigner_d_start(1, -1, beta), (1 - np.cos(beta)) / 2)
 
 

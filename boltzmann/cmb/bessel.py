@@ -12,6 +12,10 @@ With dx = 0.2 the interpolation error is ≈ dx⁴/384 ≈ 4e-6 of the function'
 Below x_ℓ = first x where |j_ℓ| exceeds 1e-12·max (x well below ℓ) the table holds exact zeros,
 so scipy is only called where j_ℓ matters. The table is a pair of (L, n_x) arrays; a GPU path
 can replace the lookup by an on-device recurrence without changing its callers.
+
+Building a table costs tens of seconds of scipy; ``BesselTable.cached`` keeps the last few in
+the process, with x_max rounded up to a multiple of ``X_BUCKET`` so that the small changes of
+τ0 from one cosmology to the next (a sampler, a Jacobian) reuse the same table.
 """
 from __future__ import annotations
 
@@ -21,7 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import jv
 
-__all__ = ["BesselTable", "values", "turning_point"]
+from solver.caches import Cache
+
+__all__ = ["BesselTable", "values", "turning_point", "X_BUCKET"]
+
+#: ``BesselTable.cached`` rounds x_max up to a multiple of this (the table is then at most
+#: this much longer than needed)
+X_BUCKET = 500.0
+_TABLES = Cache("boltzmann.cmb.bessel", maxsize=2)
 
 
 def turning_point(ell, cut: float = 1e-12) -> np.ndarray:
@@ -64,6 +75,15 @@ class BesselTable:
             dj[i, i0:] = norm * jv(ell - 0.5, xs) - (ell + 1.0) * j[i, i0:] / xs
         # x = 0: j_l(0) = 0 and j_l'(0) = 0 for l >= 2 (the only multipoles sampled)
         return cls(ells=ells, dx=float(dx), j=jnp.asarray(j), dj=jnp.asarray(dj))
+
+    @classmethod
+    def cached(cls, ells, x_max: float, dx: float = 0.2) -> "BesselTable":
+        """``build`` with x_max rounded up to a multiple of ``X_BUCKET``, kept in the process
+        (the last two tables) for the next call with the same multipoles."""
+        ells = np.asarray(ells, np.int64)
+        x_top = X_BUCKET * np.ceil(float(x_max) / X_BUCKET)
+        key = (ells.tobytes(), float(x_top), float(dx))
+        return _TABLES.get_or_build(key, lambda: cls.build(ells, x_top, dx))
 
     @property
     def x_max(self) -> float:

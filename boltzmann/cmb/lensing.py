@@ -23,14 +23,20 @@ The spectra follow by Gauss-Legendre quadrature in cos β: C̃^TT = 2π ∫ ξ̃
 unlensed C_ℓ, so the quadrature's error touches the small lensing correction only.
 
 Wigner d^ℓ_{mm'} come from the three-term recurrence in ℓ, started at ℓ = max(|m|, |m'|) from
-the explicit sum. Host numpy for now (documented in docs/cmb.md): a JAX scan over ℓ is the
-traceable form to come.
+the explicit sum. The three sums over ℓ (deflection correlations, lensed correlation
+functions, back-transform) are each one ``jax.lax.scan`` over ℓ carrying d^ℓ and d^{ℓ-1} of the
+twelve pairs at every angle: compiled once per (ℓ_in, l_max, n_β), traceable (derivatives of
+the lensed spectra flow through it) and on the GPU when JAX runs there.
 """
 from __future__ import annotations
 
+import functools
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from scipy.special import roots_legendre
 
 __all__ = ["lensed_spectra", "wigner_d_start", "L_EXTRA"]
 
@@ -59,55 +65,141 @@ def wigner_d_start(m: int, mp: int, beta: np.ndarray) -> np.ndarray:
     return out
 
 
-class _Recurrence:
-    """d^ℓ_{mm'}(β) for every pair in PAIRS, advanced one ℓ at a time (ℓ = 0, 1, 2, ...)."""
+def recurrence_coefficients(l_top: int):
+    """(A1, A0, B, is_start): (l_top + 1, len(PAIRS)) arrays such that for every ℓ and pair
 
-    def __init__(self, beta):
-        self.x = np.cos(beta)
-        self.beta = beta
-        self.prev = {p: np.zeros_like(beta) for p in PAIRS}
-        self.cur = {p: np.zeros_like(beta) for p in PAIRS}
-        self.ell = -1
+        d^ℓ = (A1 cos β + A0) d^{ℓ-1} - B d^{ℓ-2}      (ℓ > j = max(|m|, |m'|))
 
-    def advance(self) -> dict:
-        """Move to ℓ + 1 and return {pair: d^ℓ_{pair}(β)}."""
-        ell = self.ell + 1
-        for (m, mp) in PAIRS:
-            j = max(abs(m), abs(mp))
-            if ell < j:
+    with d^ℓ = 0 below j and the explicit start at ℓ = j (``is_start``). d^1_00 = cos β is the
+    recurrence's ℓ = 1 case with d^0_00 = 1 (the general formula divides by ℓ - 1 = 0 there)."""
+    shape = (l_top + 1, len(PAIRS))
+    A1, A0, B = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    is_start = np.zeros(shape, bool)
+    for p, (m, mp) in enumerate(PAIRS):
+        j = max(abs(m), abs(mp))
+        if j <= l_top:
+            is_start[j, p] = True
+        for ell in range(j + 1, l_top + 1):
+            L = ell - 1
+            if j == 0 and ell == 1:
+                A1[ell, p] = 1.0
                 continue
-            if ell == j:
-                new = wigner_d_start(m, mp, self.beta)
-            elif j == 0 and ell == 1:   # the recurrence divides by ℓ: d^1_00 = cos β
-                new = self.x.copy()
-            else:
-                L = ell - 1  # from d^L and d^{L-1} to d^{L+1}
-                a = (2 * L + 1) * (L * (L + 1) * self.x - m * mp)
-                b = (L + 1) * math.sqrt((L * L - m * m) * (L * L - mp * mp))
-                c = L * math.sqrt(((L + 1) ** 2 - m * m) * ((L + 1) ** 2 - mp * mp))
-                new = (a * self.cur[(m, mp)] - b * self.prev[(m, mp)]) / c
-            self.prev[(m, mp)], self.cur[(m, mp)] = self.cur[(m, mp)], new
-        self.ell = ell
-        return self.cur
+            c = L * math.sqrt(((L + 1) ** 2 - m * m) * ((L + 1) ** 2 - mp * mp))
+            A1[ell, p] = (2 * L + 1) * L * (L + 1) / c
+            A0[ell, p] = -(2 * L + 1) * m * mp / c
+            B[ell, p] = (L + 1) * math.sqrt((L * L - m * m) * (L * L - mp * mp)) / c
+    return A1, A0, B, is_start
 
 
-def _x_functions(ell, s):
+def _scan_d(beta, l_top, step, init):
+    """Run ``carry = step(carry, ell, d)`` over ℓ = 0..l_top, d = {pair: d^ℓ_pair(β)}; returns
+    the final carry and the stacked per-ℓ outputs of ``step``. ``beta``: host angles."""
+    beta = np.asarray(beta, np.float64)
+    A1, A0, B, is_start = (jnp.asarray(a) for a in recurrence_coefficients(l_top))
+    x = jnp.asarray(np.cos(beta))
+    start = jnp.asarray(np.stack([wigner_d_start(m, mp, beta) for m, mp in PAIRS]))
+    zeros = jnp.zeros((len(PAIRS), beta.shape[0]))
+
+    def body(state, row):
+        prev, cur, carry = state
+        ell, a1, a0, b, st = row
+        new = jnp.where(st[:, None], start, (a1[:, None] * x + a0[:, None]) * cur
+                        - b[:, None] * prev)
+        d = {pair: new[i] for i, pair in enumerate(PAIRS)}
+        carry, out = step(carry, ell, d)
+        return (cur, new, carry), out
+
+    rows = (jnp.arange(l_top + 1), A1, A0, B, jnp.asarray(is_start))
+    (_, _, carry), outs = jax.lax.scan(body, (zeros, zeros, init), rows)
+    return carry, outs
+
+
+def _x_functions(ell, s, pre):
+    """The X functions of the module docstring at multipole ``ell`` (traced) for s = σ²/4."""
     L = ell * (ell + 1.0)
-    x000 = np.exp(-L * s)
-    x022 = np.exp(-(L - 5.0) * s)
-    sq = lambda v: math.sqrt(max(v, 0.0))  # noqa: E731
+    x000 = jnp.exp(-L * s)
+    x022 = jnp.exp(-(L - 5.0) * s)
     return {
         "000": x000, "d000": -0.25 * L * x000,
-        "220": 0.25 * sq((ell + 2) * (ell - 1) * ell * (ell + 1)) * np.exp(-(L - 2.0) * s),
+        "220": pre["220"][ell] * jnp.exp(-(L - 2.0) * s),
         "022": x022, "d022": -0.25 * (L - 5.0) * x022,
-        "121": -0.5 * sq((ell + 2) * (ell - 1)) * np.exp(-(L - 8.0 / 3.0) * s),
-        "132": -0.5 * sq((ell + 3) * (ell - 2)) * np.exp(-(L - 20.0 / 3.0) * s),
-        "242": 0.25 * sq((ell + 4) * (ell + 3) * (ell - 2) * (ell - 3)) * np.exp(-(L - 10.0) * s),
+        "121": pre["121"][ell] * jnp.exp(-(L - 8.0 / 3.0) * s),
+        "132": pre["132"][ell] * jnp.exp(-(L - 20.0 / 3.0) * s),
+        "242": pre["242"][ell] * jnp.exp(-(L - 10.0) * s),
     }
 
 
+def _prefactors(l_top: int) -> dict:
+    ell = np.arange(l_top + 1, dtype=np.float64)
+    sq = lambda v: np.sqrt(np.maximum(v, 0.0))  # noqa: E731
+    return {"220": jnp.asarray(0.25 * sq((ell + 2) * (ell - 1) * ell * (ell + 1))),
+            "121": jnp.asarray(-0.5 * sq((ell + 2) * (ell - 1))),
+            "132": jnp.asarray(-0.5 * sq((ell + 3) * (ell - 2))),
+            "242": jnp.asarray(0.25 * sq((ell + 4) * (ell + 3) * (ell - 2) * (ell - 3)))}
+
+
+@functools.partial(jax.jit, static_argnames=("l_max", "n_beta"))
+def _lensed(tt, ee, te, pp, *, l_max: int, n_beta: int):
+    """The three passes on C_ℓ arrays indexed by ℓ = 0..ℓ_in (ℓ < 2 zero)."""
+    l_in = tt.shape[0] - 1
+    mu, w = roots_legendre(n_beta)     # O(n); numpy's leggauss is O(n³): 15 s at n = 2000
+    beta = np.arccos(mu)
+    w = jnp.asarray(w)
+    fac = (2.0 * jnp.arange(l_in + 1) + 1.0) / (4.0 * math.pi)
+    ells = jnp.arange(l_in + 1, dtype=jnp.float64)
+    a = fac * ells * (ells + 1.0) * pp          # 0 at ℓ = 0
+    zero = jnp.zeros(n_beta)
+
+    # pass 1: deflection correlations
+    def deflection(carry, ell, d):
+        cgl, cgl2 = carry
+        return (cgl + a[ell] * d[(1, 1)], cgl2 + a[ell] * d[(1, -1)]), None
+
+    (cgl, c2), _ = _scan_d(beta, l_in, deflection, (zero, zero))
+    s = 0.25 * (jnp.sum(a) - cgl)
+    pre = _prefactors(l_in)
+
+    # pass 2: lensed minus unlensed correlation functions
+    def correlations(dxi, ell, d):
+        X = _x_functions(ell, s, pre)
+        L = ell * (ell + 1.0)
+        Ls = jnp.where(ell >= 2, L, 1.0)
+        xi_t = (X["000"] ** 2 - 1.0) * d[(0, 0)] + 8.0 / Ls * c2 * X["d000"] ** 2 \
+            * d[(1, -1)] + c2 ** 2 * (X["d000"] ** 2 * d[(0, 0)] + X["220"] ** 2 * d[(2, -2)])
+        xi_p = (X["022"] ** 2 - 1.0) * d[(2, 2)] + 2.0 * c2 * X["132"] * X["121"] * d[(3, 1)] \
+            + c2 ** 2 * (X["d022"] ** 2 * d[(2, 2)] + X["242"] * X["220"] * d[(4, 0)])
+        xi_m = (X["022"] ** 2 - 1.0) * d[(2, -2)] + c2 * (X["121"] ** 2 * d[(1, -1)]
+                                                          + X["132"] ** 2 * d[(3, -3)]) \
+            + 0.5 * c2 ** 2 * (2.0 * X["d022"] ** 2 * d[(2, -2)] + X["220"] ** 2 * d[(0, 0)]
+                               + X["242"] ** 2 * d[(4, -4)])
+        xi_x = (X["022"] * X["000"] - 1.0) * d[(2, 0)] + c2 * 2.0 * X["d000"] / jnp.sqrt(Ls) \
+            * (X["121"] * d[(1, 1)] + X["132"] * d[(3, -1)]) \
+            + 0.5 * c2 ** 2 * ((2.0 * X["d022"] * X["d000"] + X["220"] ** 2) * d[(2, 0)]
+                               + X["220"] * X["242"] * d[(4, -2)])
+        f = jnp.where(ell >= 2, fac[ell], 0.0)
+        new = dxi + f * jnp.stack([tt[ell] * xi_t, ee[ell] * xi_p, ee[ell] * xi_m,
+                                   te[ell] * xi_x])
+        return new, None
+
+    dxi, _ = _scan_d(beta, l_in, correlations, jnp.zeros((4, n_beta)))
+
+    # pass 3: back to harmonic space
+    wd = 2.0 * math.pi * w * dxi
+
+    def harmonic(carry, ell, d):
+        return carry, jnp.stack([wd[0] @ d[(0, 0)], wd[1] @ d[(2, 2)], wd[2] @ d[(2, -2)],
+                                 wd[3] @ d[(2, 0)]])
+
+    _, out = _scan_d(beta, l_max, harmonic, 0.0)
+    sl = slice(2, l_max + 1)
+    T, P, M, X = (out[sl, i] for i in range(4))
+    return {"TT": tt[sl] + T, "EE": ee[sl] + 0.5 * (P + M), "BB": 0.5 * (P - M),
+            "TE": te[sl] + X}
+
+
 def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None) -> dict:
-    """Lensed TT, EE, TE, BB [same units as the input] at ℓ = 2..l_max.
+    """Lensed TT, EE, TE, BB [same units as the input] at ℓ = 2..l_max (JAX arrays; traceable
+    in the C_ℓ).
 
     ``ell``: (L,) every ℓ from 2 to at least l_max + L_EXTRA; ``cl``: unlensed C_ℓ of TT, EE,
     TE (BB taken as 0) and PP (C_ℓ^φφ) on ``ell``.
@@ -118,67 +210,7 @@ def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None) -> d
     l_in = int(ell[-1])
     if l_in < l_max:
         raise ValueError(f"lensed_spectra: the unlensed spectra stop at {l_in} < l_max = {l_max}")
-    full = lambda v: np.concatenate([[0.0, 0.0], np.asarray(v, np.float64)])  # noqa: E731
+    full = lambda v: jnp.concatenate([jnp.zeros(2), jnp.asarray(v, jnp.float64)])  # noqa: E731
     tt, ee, te, pp = (full(cl[n]) for n in ("TT", "EE", "TE", "PP"))
-    n_beta = n_beta or int(l_in + 1.5 * L_EXTRA)
-    mu, w = np.polynomial.legendre.leggauss(n_beta)
-    beta = np.arccos(mu)
-    fac = (2.0 * np.arange(l_in + 1) + 1.0) / (4.0 * math.pi)
-
-    # pass 1: deflection correlations
-    rec = _Recurrence(beta)
-    cgl = np.zeros_like(beta)
-    cgl2 = np.zeros_like(beta)
-    cgl0 = 0.0
-    for L in range(l_in + 1):
-        d = rec.advance()
-        if L >= 1:
-            a = fac[L] * L * (L + 1.0) * pp[L]
-            cgl += a * d[(1, 1)]
-            cgl2 += a * d[(1, -1)]
-            cgl0 += a
-    s = 0.25 * (cgl0 - cgl)
-    c2 = cgl2
-
-    # pass 2: lensed minus unlensed correlation functions
-    rec = _Recurrence(beta)
-    dxi = {n: np.zeros_like(beta) for n in ("T", "P", "M", "X")}
-    for L in range(l_in + 1):
-        d = rec.advance()
-        if L < 2:
-            continue
-        X = _x_functions(L, s)
-        f = fac[L]
-        xi_t = (X["000"] ** 2 - 1.0) * d[(0, 0)] + 8.0 / (L * (L + 1.0)) * c2 * X["d000"] ** 2 \
-            * d[(1, -1)] + c2 ** 2 * (X["d000"] ** 2 * d[(0, 0)] + X["220"] ** 2 * d[(2, -2)])
-        xi_p = (X["022"] ** 2 - 1.0) * d[(2, 2)] + 2.0 * c2 * X["132"] * X["121"] * d[(3, 1)] \
-            + c2 ** 2 * (X["d022"] ** 2 * d[(2, 2)] + X["242"] * X["220"] * d[(4, 0)])
-        xi_m = (X["022"] ** 2 - 1.0) * d[(2, -2)] + c2 * (X["121"] ** 2 * d[(1, -1)]
-                                                          + X["132"] ** 2 * d[(3, -3)]) \
-            + 0.5 * c2 ** 2 * (2.0 * X["d022"] ** 2 * d[(2, -2)] + X["220"] ** 2 * d[(0, 0)]
-                               + X["242"] ** 2 * d[(4, -4)])
-        xi_x = (X["022"] * X["000"] - 1.0) * d[(2, 0)] + c2 * 2.0 * X["d000"] / math.sqrt(
-            L * (L + 1.0)) * (X["121"] * d[(1, 1)] + X["132"] * d[(3, -1)]) \
-            + 0.5 * c2 ** 2 * ((2.0 * X["d022"] * X["d000"] + X["220"] ** 2) * d[(2, 0)]
-                               + X["220"] * X["242"] * d[(4, -2)])
-        dxi["T"] += f * tt[L] * xi_t
-        dxi["P"] += f * ee[L] * xi_p
-        dxi["M"] += f * ee[L] * xi_m
-        dxi["X"] += f * te[L] * xi_x
-
-    # pass 3: back to harmonic space
-    rec = _Recurrence(beta)
-    out = {n: np.zeros(l_max + 1) for n in ("T", "P", "M", "X")}
-    for L in range(l_max + 1):
-        d = rec.advance()
-        if L < 2:
-            continue
-        out["T"][L] = 2.0 * math.pi * np.sum(w * dxi["T"] * d[(0, 0)])
-        out["P"][L] = 2.0 * math.pi * np.sum(w * dxi["P"] * d[(2, 2)])
-        out["M"][L] = 2.0 * math.pi * np.sum(w * dxi["M"] * d[(2, -2)])
-        out["X"][L] = 2.0 * math.pi * np.sum(w * dxi["X"] * d[(2, 0)])
-    sl = slice(2, l_max + 1)
-    return {"TT": tt[sl] + out["T"][sl],
-            "EE": ee[sl] + 0.5 * (out["P"][sl] + out["M"][sl]),
-            "BB": 0.5 * (out["P"][sl] - out["M"][sl]),
-            "TE": te[sl] + out["X"][sl]}
+    n_beta = int(n_beta or int(l_in + 1.5 * L_EXTRA))
+    return _lensed(tt, ee, te, pp, l_max=int(l_max), n_beta=n_beta)

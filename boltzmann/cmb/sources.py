@@ -37,6 +37,7 @@ import numpy as np
 
 from models.hermite import hermite_interp, hermite_panels
 from solver import solve
+from solver.backends.registry import resolve_backend
 from solver.caches import Cache
 
 from .. import modes
@@ -46,7 +47,8 @@ __all__ = ["SourceGrid", "compute_sources", "transmission_and_visibility", "PHOT
 
 #: photon states kept in error control by the modes below ``ClSampling.k_photon_control``
 PHOTON_CONTROL = ("F_g_0", "F_g_1", "F_g_2", "G_g_0", "G_g_1", "G_g_2")
-#: modes per solver launch (every launch the same size: one compiled program)
+#: modes per solver call on the JAX backend (every call the same size: one compiled program);
+#: the CUDA backend solves each group of modes in one launch (a thread per mode)
 CHUNK = 32
 
 
@@ -185,14 +187,16 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
     modes.check_start_times(x0, grid, x, precision)
 
     low = k < sampling.k_photon_control
+    one_launch = resolve_backend(backend).name == "cuda"
     ys = np.empty((k.size, x.size, model.n))
     status = np.empty(k.size, int)
     n_acc = np.empty(k.size, int)
     for group, controlled in ((np.nonzero(low)[0], True), (np.nonzero(~low)[0], False)):
         weights = _weights(model, controlled)
-        for c in range(0, group.size, CHUNK):
-            idx = group[c:c + CHUNK]
-            pad = np.concatenate([idx, np.full(CHUNK - idx.size, idx[-1])])
+        chunk = max(group.size, 1) if one_launch else CHUNK
+        for c in range(0, group.size, chunk):
+            idx = group[c:c + chunk]
+            pad = np.concatenate([idx, np.full(chunk - idx.size, idx[-1])])
             sol = solve(model.rhs, y0[pad], x, rows[pad], args=tables.model_table, t0=x0[pad],
                         rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
                         error_weights=weights, backend=backend, max_steps=int(max_steps))

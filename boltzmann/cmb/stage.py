@@ -5,7 +5,7 @@
 
 1. ``sources.compute_sources`` — the CMB modes (their own k grid and dense conformal times),
    solved by ``solver.solve``, and the sources S_0, S_1, S_2, S_E, S_φ on the (k, τ) grid;
-2. ``bessel.BesselTable.build`` — j_ℓ, j_ℓ' at the sampled ℓ (host, scipy);
+2. ``bessel.BesselTable.cached`` — j_ℓ, j_ℓ' at the sampled ℓ (host, scipy; kept in the process);
 3. ``line_of_sight.transfer_functions`` — Δ_ℓ^T, Δ_ℓ^E, Δ_ℓ^φ on the fine k grid;
 4. ``spectra.cl_from_transfers`` (+ ``limber_pp``) and the ℓ spline to every ℓ ≤ l_max;
 5. with ``lensing``: the unlensed spectra to l_max + lensing.L_EXTRA, then
@@ -20,6 +20,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
+from ..runtime import require_float64
 from .bessel import BesselTable
 from .lensing import L_EXTRA, lensed_spectra
 from .line_of_sight import transfer_functions
@@ -44,6 +45,7 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
                sampling: ClSampling = ClSampling(), backend="auto") -> ClSpectra:
     """C_ℓ of the first cosmology of ``tables``/``cosmos`` (a stacked CosmoParams) for every
     ℓ = 2..l_max; see the module docstring and docs/cmb.md."""
+    require_float64()
     if not L_MAX_RANGE[0] <= int(l_max) <= L_MAX_RANGE[1]:
         raise ValueError(f"l_max = {l_max}: supported range is {L_MAX_RANGE[0]}..{L_MAX_RANGE[1]}")
     unknown = set(spectra) - set(SPECTRA)
@@ -63,7 +65,7 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     t0 = time.perf_counter()
     ells = multipoles(int(l_max), sampling)
     k = transfer_wavenumbers(src.k[:src.n_cmb or src.k.size], src.tau0, sampling)
-    table = BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0)
+    table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
     timings["bessel"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -93,7 +95,7 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     lensed = None
     if lensing:
         t0 = time.perf_counter()
-        lensed = lensed_spectra(ell_all, cl, l_out)
+        lensed = {name: np.asarray(v) for name, v in lensed_spectra(ell_all, cl, l_out).items()}
         timings["lensing"] = time.perf_counter() - t0
     keep = ell_all <= l_out
     cl = {name: v[keep] for name, v in cl.items() if name in spectra}

@@ -1,9 +1,18 @@
 #!/usr/bin/env python
 """Generate the CLASS reference CMB spectra (class_cl.csv, class_cl.yaml).
 
-Run:  python tests/data/generate_cl.py [--quick]   (needs classy 3.4.1; ~1-3 min on 2 cores)
+Run:  python tests/data/generate_cl.py [--case CASE] [--quick]   (needs classy 3.4.1; the raised
+      precision takes ~10 min on 2 cores for lcdm, longer with massive neutrinos)
 
-Cosmology: the massless-neutrino Planck-2018-like LCDM of params.yaml (N_ur = 3.044, no ncdm).
+Cases (--case):
+  lcdm       the massless-neutrino Planck-2018-like LCDM of params.yaml (N_ur = 3.044, no ncdm)
+             -> class_cl.csv, class_cl.yaml (with a HyRec run beside the RECFAST one);
+  heavy_nu   configs/wcdm_heavy_nu.yaml: two 0.1 eV neutrinos and a w0 = -0.9, wa = 0.1 fluid
+             (rest frame, no PPF) -> class_cl_wcdm_heavy_nu.csv/.yaml;
+  desi_w0wa  configs/desi_w0wa.yaml: one 0.06 eV neutrino and the DESI DR2 w0 = -0.75,
+             wa = -0.86 fluid with PPF -> class_cl_ppf_desi.csv/.yaml.
+The config cases take their cosmology from the config through
+boltzmann.class_reference.class_parameters (the CLI's --compare translation) and add NCDM below.
 Recombination: CLASS's RECFAST 1.5.2 with photoionisation at the radiation temperature
 (``recfast_photoion_dependence = Trad``), the model boltzmann.thermodynamics implements, so that
 the comparison tests the CMB code and not the RECFAST-vs-HyRec difference (a HyRec run is made
@@ -51,12 +60,34 @@ HIGH = {
     "transfer_neglect_delta_k_S_t2": 0.3, "transfer_neglect_delta_k_S_e": 0.3,
     "l_switch_limber": 100.0, "accurate_lensing": 1, "delta_l_max": 1000,
 }
+#: massive neutrinos: tighter momentum quadrature than CLASS's default (our model integrates
+#: the full hierarchy to z = 0; CLASS keeps its default ncdm fluid approximation late, which
+#: changes the C_l far below the tolerances and keeps the run to tens of minutes)
+NCDM = {"tol_ncdm_synchronous": 1e-4, "tol_ncdm_bg": 1e-10, "l_max_ncdm": 30}
+#: case -> (config file or None for COSMO, output stem)
+CASES = {"lcdm": (None, "class_cl"),
+         "heavy_nu": ("configs/wcdm_heavy_nu.yaml", "class_cl_wcdm_heavy_nu"),
+         "desi_w0wa": ("configs/desi_w0wa.yaml", "class_cl_ppf_desi")}
 ELLS = np.concatenate([np.arange(2, 30), np.arange(30, 2501, 10)])
 
 
-def run(settings):
+def cosmology(case):
+    """CLASS's cosmology input for ``case`` (no output, gauge or recombination keys)."""
+    path = CASES[case][0]
+    if path is None:
+        return dict(COSMO)
+    from boltzmann.class_reference import class_parameters
+    from boltzmann.params import load_config
+
+    c = class_parameters(load_config(OUT.parents[1] / path), pk=False, cl=False)
+    drop = {"gauge", "recombination", "recfast_photoion_dependence", "output", "z_pk",
+            "P_k_max_1/Mpc", "P_k_max_h/Mpc", "lensing", "l_max_scalars"}
+    return {k: v for k, v in c.items() if k not in drop}
+
+
+def run(settings, cosmo=COSMO):
     M = Class()
-    M.set({**COSMO, **OUTPUT, **settings})
+    M.set({**cosmo, **OUTPUT, **settings})
     t0, c0 = time.perf_counter(), time.process_time()
     M.compute()
     timing = {"wall": round(time.perf_counter() - t0, 2), "cpu": round(time.process_time() - c0, 2)}
@@ -87,30 +118,39 @@ def max_rel(a, b, names, lmin=30):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="default precision only (test)")
+    parser.add_argument("--case", choices=sorted(CASES), default="lcdm")
     args = parser.parse_args()
     import yaml
 
-    high = {} if args.quick else HIGH
-    raw, lensed, timing, derived = run({**RECFAST, **high})
+    cosmo = cosmology(args.case)
+    ncdm = NCDM if int(cosmo.get("N_ncdm", 0)) else {}
+    high = {} if args.quick else {**HIGH, **ncdm}
+    raw, lensed, timing, derived = run({**RECFAST, **high}, cosmo)
     cols = columns(raw, lensed)
-    meta = {"description": __doc__.split("\n\n")[0], "classy": classy.__version__,
-            "class_input": {**COSMO, **OUTPUT, **RECFAST}, "precision": high,
+    stem = CASES[args.case][1]
+    meta = {"description": __doc__.split("\n\n")[0], "case": args.case,
+            "config": CASES[args.case][0], "classy": classy.__version__,
+            "class_input": {**cosmo, **OUTPUT, **RECFAST}, "precision": high,
             "timing_s": {"reference": timing}, "derived": derived}
     if not args.quick:
-        raw_d, lensed_d, timing_d, _ = run(RECFAST)
+        raw_d, lensed_d, timing_d, _ = run({**RECFAST, **ncdm}, cosmo)
         meta["timing_s"]["default_precision"] = timing_d
         names = ["TT", "EE", "PP", "TT_lensed", "EE_lensed", "BB_lensed"]
         meta["default_vs_reference_max_rel_l_ge_30"] = max_rel(columns(raw_d, lensed_d), cols, names)
-        raw_h, lensed_h, timing_h, _ = run(high)
-        meta["timing_s"]["hyrec"] = timing_h
-        meta["hyrec_vs_recfast_max_rel_l_ge_30"] = max_rel(columns(raw_h, lensed_h), cols, names)
+        if args.case == "lcdm":
+            raw_h, lensed_h, timing_h, _ = run(high, cosmo)
+            meta["timing_s"]["hyrec"] = timing_h
+            meta["hyrec_vs_recfast_max_rel_l_ge_30"] = max_rel(columns(raw_h, lensed_h), cols,
+                                                               names)
     data = np.column_stack([np.asarray(cols[n], float) for n in cols])
-    header = (f"CLASS {classy.__version__} CMB spectra (generate_cl.py, class_cl.yaml): D_l = "
-              f"l(l+1)C_l/2pi in muK^2 (T_cmb = {T_CMB} K), PP = [l(l+1)]^2 C_l^phiphi/2pi\n"
+    t_cmb = float(cosmo.get("T_cmb", T_CMB))
+    header = (f"CLASS {classy.__version__} CMB spectra (generate_cl.py --case {args.case}, "
+              f"{stem}.yaml): D_l = l(l+1)C_l/2pi in muK^2 (T_cmb = {t_cmb} K), "
+              "PP = [l(l+1)]^2 C_l^phiphi/2pi\n"
               + ",".join(cols))
-    np.savetxt(OUT / "class_cl.csv", data, delimiter=",", header=header, comments="# ",
+    np.savetxt(OUT / f"{stem}.csv", data, delimiter=",", header=header, comments="# ",
                fmt=["%d"] + ["%.10e"] * (len(cols) - 1))
-    with open(OUT / "class_cl.yaml", "w") as fh:
+    with open(OUT / f"{stem}.yaml", "w") as fh:
         yaml.safe_dump(meta, fh, sort_keys=False, width=100)
     print(yaml.safe_dump(meta, sort_keys=False, width=100))
 
