@@ -10,6 +10,7 @@ import pytest
 
 from boltzmann import modes
 from boltzmann.cmb import cl_for_config
+from boltzmann.cmb.sampling import ClSampling
 from boltzmann.cmb.sources import compute_sources
 from boltzmann.ensemble import stack_cosmologies
 from boltzmann.params import load_config
@@ -26,7 +27,16 @@ def planck():
 
 @pytest.mark.gpu
 def test_cmb_sources_cuda_equal_jax(planck):
-    """S_0, S_1, S_2, S_E, S_φ on the (k, τ) grid within 1e-5 of each mode's largest |S|."""
+    """S_0, S_1, S_2, S_E, S_φ on the (k, τ) grid: within 1e-5 of each source's largest |S|,
+    and within 1e-5 of each mode's largest |S| for the modes whose photons are in error control.
+
+    Above ``k_photon_control`` the photon moments are outside error control (as for P(k)), so
+    their values between recombination and z = 200 carry the truncation error of whatever steps
+    were taken, and the two backends' steps differ by rounding: on the CPU, a change of h by
+    1e-13 moves those modes' S_2 by 2e-3 and S_0 by 4e-4 of the mode's own largest value, but
+    every source by ≤ 3e-7 of its largest value over all modes (the modes beyond the CMB grid
+    feed only S_φ and are compared there). A first version of this test held every mode to
+    1e-5 of its own largest |S| and failed on an H200 at 7e-3 (S_0)."""
     stacked = stack_cosmologies([planck.cosmology])
     model = modes.model_for(planck.cosmology, planck.precision)
     tables = compute_tables(stacked, modes.make_grid(planck.precision), model)
@@ -34,11 +44,18 @@ def test_cmb_sources_cuda_equal_jax(planck):
                               lensing_modes=True, backend=b) for b in ("jax", "cuda")}
     assert np.all(src["cuda"].status == 0) and np.all(src["jax"].status == 0)
     np.testing.assert_array_equal(src["cuda"].k, src["jax"].k)
+    n_cmb = src["jax"].n_cmb
+    controlled = src["jax"].k[:n_cmb] < ClSampling().k_photon_control
+    assert controlled.sum() >= 10
     for name in ("t0", "t1", "t2", "e", "phi"):
         a, b = np.asarray(getattr(src["jax"], name)), np.asarray(getattr(src["cuda"], name))
-        scale = np.max(np.abs(a), axis=1, keepdims=True)
-        rel = np.max(np.abs(b - a) / np.where(scale > 0, scale, 1.0))
-        assert rel < 1e-5, (name, rel)
+        if name != "phi":
+            a, b = a[:n_cmb], b[:n_cmb]
+        overall = np.max(np.abs(b - a)) / np.max(np.abs(a))
+        assert overall < 1e-5, (name, overall)
+        scale = np.max(np.abs(a[controlled]), axis=1, keepdims=True)
+        per_mode = np.max(np.abs(b[controlled] - a[controlled]) / np.where(scale > 0, scale, 1))
+        assert per_mode < 1e-5, (name, per_mode)
 
 
 @pytest.mark.gpu

@@ -19,6 +19,8 @@ the process, with x_max rounded up to a multiple of ``X_BUCKET`` so that the sma
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -66,13 +68,18 @@ class BesselTable:
         j = np.zeros((ells.size, n))
         dj = np.zeros((ells.size, n))
         starts = np.floor(turning_point(ells) / dx).astype(int)
-        for i, (ell, i0) in enumerate(zip(ells, starts)):
-            i0 = max(int(i0), 1)
+
+        def fill(i):
+            ell, i0 = int(ells[i]), max(int(starts[i]), 1)
             xs = x[i0:]
             norm = np.sqrt(np.pi / (2.0 * xs))
             j[i, i0:] = norm * jv(ell + 0.5, xs)
             # j_l' = j_{l-1} - (l + 1) j_l / x
             dj[i, i0:] = norm * jv(ell - 0.5, xs) - (ell + 1.0) * j[i, i0:] / xs
+
+        # scipy's ufuncs release the GIL: the rows fill in parallel on every core
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(fill, range(ells.size)))
         # x = 0: j_l(0) = 0 and j_l'(0) = 0 for l >= 2 (the only multipoles sampled)
         return cls(ells=ells, dx=float(dx), j=jnp.asarray(j), dj=jnp.asarray(dj))
 

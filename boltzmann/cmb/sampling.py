@@ -71,8 +71,8 @@ class ClSampling:
     z_streaming: float = 200.0
     k_lensing_max: float = 5.0
     k_lensing_per_decade: float = 12.0
-    q_step: float = 0.25
-    q_log_per_decade: float = 40.0
+    q_step: float = 0.125
+    q_log_per_decade: float = 160.0
     tau_step_rec: float = 1.5
     tau_fine_end: float = 2.5
     tau_growth: float = 1.02
