@@ -8,7 +8,8 @@ Default: ``ClSampling.refined`` refines what it says and keeps the end points, a
 cosmology and precision, unlensed TT, EE, TE and PP to ℓ = 2500, the default sampling against
 every k step, every τ step and the ℓ step halved at once: the change stays below the accuracy
 targets (measured: at most 0.78 of them, TE at ℓ < 30; 11 min on the 2-core CPU at load ≈ 5,
-30 min at load ≈ 25).
+30 min at load ≈ 25). That measurement used the former transfer k grid (q_step 0.25, 40 per
+decade); refining the current one changes less (docs/cmb.md, Convergence, last table).
 """
 import math
 from pathlib import Path
