@@ -5,7 +5,8 @@ computes in double precision; JAX defaults to single) and JAX's persistent compi
 which keeps the compiled XLA programs (tables, initial conditions, the JAX-backend solve,
 observables, the Jacobian programs) between processes so that a second run does not compile
 again. The CUDA backend keeps its compiled kernels and FFI handler under the same cache root
-(``solver.CudaBackend(cache_root=...)``).
+(``solver.CudaBackend(cache_root=...)``), and host-built tables that cost seconds to make (the
+CMB's spherical Bessel table) live in its ``tables`` folder (``persistent_dir``).
 
 Environment variables are read here and only here (``Settings.from_environment``), by the entry
 points; the library itself takes arguments.
@@ -21,11 +22,21 @@ from typing import Mapping
 import jax
 
 __all__ = ["Settings", "CompileCounter", "configure", "use_float64", "require_float64",
-           "default_cache_root", "clear_cache", "backend_for"]
+           "default_cache_root", "clear_cache", "backend_for", "persistent_dir"]
 
 #: folder names under the cache root
 XLA_DIR = "xla"
 CUDA_DIR = "cuda"
+TABLES_DIR = "tables"
+
+#: the cache root ``configure`` set up in this process (None: no persistent cache)
+_configured_root: Path | None = None
+
+
+def persistent_dir(name: str) -> Path | None:
+    """The folder ``name`` under the cache root that ``configure`` set up in this process, or
+    None when it set none (or was not called): callers then keep their data in memory only."""
+    return None if _configured_root is None else _configured_root / name
 
 
 def default_cache_root(environ: Mapping[str, str] = os.environ) -> Path:
@@ -94,9 +105,11 @@ def configure(settings: Settings = Settings()) -> CompileCounter:
     programs and many small ones, and the small ones add up to most of a second run's wait.
     JAX writes each entry atomically, so a sampler's workers can share one cache.
     """
+    global _configured_root
     use_float64()
     counter = CompileCounter()
     jax.monitoring.register_event_listener(counter)
+    _configured_root = settings.cache_root
     if settings.cache_root is None:
         return counter
     xla = settings.cache_root / XLA_DIR
@@ -143,7 +156,7 @@ def clear_cache(settings: Settings) -> list[Path]:
     """Delete the persistent cache's folders; returns what was removed."""
     removed = []
     if settings.cache_root is not None:
-        for name in (XLA_DIR, CUDA_DIR):
+        for name in (XLA_DIR, CUDA_DIR, TABLES_DIR):
             path = settings.cache_root / name
             if path.exists():
                 shutil.rmtree(path)

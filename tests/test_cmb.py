@@ -65,6 +65,43 @@ def test_bessel_table_cache_reuses_a_table_within_its_bucket():
     assert bessel.BesselTable.cached(ells, 610.0 + bessel.X_BUCKET) is not a
 
 
+def test_bessel_table_store_serves_a_new_process_and_rebuilds_a_corrupt_entry(tmp_path,
+                                                                             monkeypatch):
+    """With a persistent cache (runtime.configure), a table is stored once; a process that has
+    not built it (the in-memory cache cleared) loads it without calling scipy; a corrupted or
+    truncated entry is rebuilt and replaced; without a cache nothing is written."""
+    from boltzmann import runtime
+
+    ells = np.array([2, 50, 400])
+    monkeypatch.setattr(runtime, "_configured_root", tmp_path)
+    bessel._TABLES.clear()
+    a = bessel.BesselTable.cached(ells, 700.0)
+    (entry,) = (tmp_path / runtime.TABLES_DIR).glob("bessel-*.npz")
+    bessel._TABLES.clear()
+    build = bessel.BesselTable.build
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built again instead of loaded")
+
+    monkeypatch.setattr(bessel.BesselTable, "build", no_build)
+    b = bessel.BesselTable.cached(ells, 700.0)
+    np.testing.assert_array_equal(np.asarray(b.j), np.asarray(a.j))
+    np.testing.assert_array_equal(np.asarray(b.dj), np.asarray(a.dj))
+    monkeypatch.setattr(bessel.BesselTable, "build", build)
+    for damage in (b"not a table", entry.read_bytes()[:1000]):
+        entry.write_bytes(damage)
+        bessel._TABLES.clear()
+        c = bessel.BesselTable.cached(ells, 700.0)
+        np.testing.assert_array_equal(np.asarray(c.j), np.asarray(a.j))
+        with np.load(entry) as f:           # replaced by a readable entry
+            assert f["j"].shape == np.asarray(a.j).shape
+    monkeypatch.setattr(runtime, "_configured_root", None)
+    bessel._TABLES.clear()
+    bessel.BesselTable.cached(np.array([2, 60]), 300.0)
+    assert len(list((tmp_path / runtime.TABLES_DIR).glob("bessel-*.npz"))) == 1
+    bessel._TABLES.clear()
+
+
 def test_turning_point_is_below_the_function():
     for ell in (2, 10, 100, 1000, 3000):
         x0 = bessel.turning_point(ell)

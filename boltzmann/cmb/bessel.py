@@ -15,16 +15,23 @@ can replace the lookup by an on-device recurrence without changing its callers.
 
 Building a table costs tens of seconds of scipy; ``BesselTable.cached`` keeps the last few in
 the process, with x_max rounded up to a multiple of ``X_BUCKET`` so that the small changes of
-τ0 from one cosmology to the next (a sampler, a Jacobian) reuse the same table.
+τ0 from one cosmology to the next (a sampler, a Jacobian) reuse the same table, and, when
+``boltzmann.runtime.configure`` set up a persistent cache, stores each table there for later
+processes (one .npz per table, keyed by the multipoles, x range, step and scipy's version;
+written atomically; an entry that does not load or has the wrong shape is rebuilt).
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import scipy
 from scipy.special import jv
 
 from solver.caches import Cache
@@ -90,11 +97,48 @@ class BesselTable:
         ells = np.asarray(ells, np.int64)
         x_top = X_BUCKET * np.ceil(float(x_max) / X_BUCKET)
         key = (ells.tobytes(), float(x_top), float(dx))
-        return _TABLES.get_or_build(key, lambda: cls.build(ells, x_top, dx))
+        return _TABLES.get_or_build(key, lambda: _stored_or_built(ells, x_top, dx))
 
     @property
     def x_max(self) -> float:
         return self.dx * (self.j.shape[1] - 2)
+
+
+def _store_path(ells: np.ndarray, x_max: float, dx: float) -> Path | None:
+    from ..runtime import TABLES_DIR, persistent_dir
+
+    folder = persistent_dir(TABLES_DIR)
+    if folder is None:
+        return None
+    h = hashlib.sha256(ells.astype(np.int64).tobytes())
+    h.update(f"{x_max!r} {dx!r} scipy {scipy.__version__} format 1".encode())
+    return folder / f"bessel-{h.hexdigest()[:32]}.npz"
+
+
+def _stored_or_built(ells: np.ndarray, x_max: float, dx: float) -> BesselTable:
+    """The table from the persistent store when it holds a readable one of the right shape,
+    else built (and stored when there is a store)."""
+    path = _store_path(ells, x_max, dx)
+    n = int(np.ceil(x_max / dx)) + 2
+    if path is not None and path.exists():
+        try:
+            with np.load(path) as f:
+                j, dj = f["j"], f["dj"]
+            if j.shape == dj.shape == (ells.size, n) and np.all(np.isfinite(j)):
+                return BesselTable(ells=ells, dx=float(dx), j=jnp.asarray(j), dj=jnp.asarray(dj))
+        except Exception:  # noqa: BLE001 - an unreadable entry is rebuilt below
+            pass
+    table = BesselTable.build(ells, x_max, dx)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, j=np.asarray(table.j), dj=np.asarray(table.dj))
+            os.replace(tmp, path)        # atomic: a concurrent reader sees all or nothing
+        except OSError:
+            Path(tmp).unlink(missing_ok=True)
+    return table
 
 
 def _second_derivative(ell, x, j, dj):
