@@ -82,13 +82,13 @@ def main(argv=None):
     from boltzmann import runtime
     from boltzmann.params import load_config
 
-    settings = runtime.Settings.from_environment()     # float64, the persistent cache, as the CLI
-    runtime.configure(settings)
-    backend = runtime.backend_for(args.backend, settings)
     config = load_config(args.config)
     if not getattr(config.output, "cl", None):
         parser.error(f"{args.config} asks for no C_l (output.cl): use a C_l config such as "
                      "configs/planck_cl.yaml")
+    settings = runtime.Settings.from_environment()     # float64, the persistent cache, as the CLI
+    runtime.configure(settings)
+    backend = runtime.backend_for(args.backend, settings)
     rows = time_ours(config, backend, args.runs)
     result = {"config": args.config, "backend": args.backend, "device": device_name(),
               "host": platform.node(), "date": datetime.date.today().isoformat(),

@@ -1,0 +1,47 @@
+"""scripts/bench_cl.py without running the C_ℓ: its refusal of a config without output.cl, and
+the table and JSON it makes from the measured runs (the measurement itself is faked here; the
+real one is in docs/benchmarks.md, "CMB spectra")."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from boltzmann import runtime
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_cl_under_test",
+                                                  REPO / "scripts" / "bench_cl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_refuses_a_config_without_cl(bench, capsys):
+    with pytest.raises(SystemExit) as err:
+        bench.main(["--config", str(REPO / "configs" / "lcdm.yaml")])
+    assert err.value.code == 2
+    assert "output.cl" in capsys.readouterr().err
+
+
+def test_table_and_json(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "configure", lambda settings: None)
+
+    def fake_runs(config, backend, runs):
+        return [{"run": i + 1, "total_s": 1.0 + i, **{f"{s}_s": 0.25 for s in bench.STAGES},
+                 "info": {"k_source": 3}} for i in range(runs)]
+
+    monkeypatch.setattr(bench, "time_ours", fake_runs)
+    bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--runs", "2",
+                "--backend", "jax", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| run | total [s] | tables | sources | bessel |" in out
+    assert "| 2 | 2.00 | 0.25 |" in out
+    data = json.loads((tmp_path / "bench_cl.json").read_text())
+    assert data["l_max"] == 2500 and data["lensing"] is True and len(data["runs"]) == 2
