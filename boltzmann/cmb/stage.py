@@ -5,7 +5,8 @@
 
 1. ``sources.compute_sources`` — the CMB modes (their own k grid and dense conformal times),
    solved by ``solver.solve``, and the sources S_0, S_1, S_2, S_E, S_φ on the (k, τ) grid;
-2. ``bessel.BesselTable.cached`` — j_ℓ, j_ℓ' at the sampled ℓ (host, scipy; kept in the process);
+2. ``bessel.BesselTable.cached`` — j_ℓ, j_ℓ' at the sampled ℓ (host, scipy; kept in the process
+   and in the persistent cache);
 3. ``line_of_sight.transfer_functions`` — Δ_ℓ^T, Δ_ℓ^E, Δ_ℓ^φ on the fine k grid;
 4. ``spectra.cl_from_transfers`` (+ ``limber_pp``) and the ℓ spline to every ℓ ≤ l_max;
 5. with ``lensing``: the unlensed spectra to l_max + lensing.L_EXTRA, then
