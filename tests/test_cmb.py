@@ -308,7 +308,7 @@ def test_cl_csv(tmp_path):
 
 
 # ------------------------------------------------------------------ against CLASS
-#: (spectrum, ℓ range, tolerance on |ours/CLASS - 1|; TE of √(TT·EE)): the issue's targets,
+#: (spectrum, ℓ range, tolerance on |ours/CLASS - 1|; TE of √(TT·EE)): the accuracy targets,
 #: measured values in docs/cmb.md. BB above ℓ = 2000 is not compared (the reference itself,
 #: CLASS with 1000 extra multipoles like ours, is not converged there); a range that misses its
 #: target is held at its measured level instead and marked.

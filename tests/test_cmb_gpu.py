@@ -35,8 +35,8 @@ def test_cmb_sources_cuda_equal_jax(planck):
     were taken, and the two backends' steps differ by rounding: on the CPU, a change of h by
     1e-13 moves those modes' S_2 by 2e-3 and S_0 by 4e-4 of the mode's own largest value, but
     every source by ≤ 3e-7 of its largest value over all modes (the modes beyond the CMB grid
-    feed only S_φ and are compared there). A first version of this test held every mode to
-    1e-5 of its own largest |S| and failed on an H200 at 7e-3 (S_0)."""
+    feed only S_φ and are compared there). Holding every mode to 1e-5 of its own largest |S|
+    fails for that reason: 7e-3 (S_0) on an H200."""
     stacked = stack_cosmologies([planck.cosmology])
     model = modes.model_for(planck.cosmology, planck.precision)
     tables = compute_tables(stacked, modes.make_grid(planck.precision), model)

@@ -70,7 +70,7 @@ class BesselTable:
     @classmethod
     def build(cls, ells, x_max: float, dx: float = 0.2) -> "BesselTable":
         ells = np.asarray(ells, np.int64)
-        n = int(np.ceil(x_max / dx)) + 2
+        n = _n_nodes(x_max, dx)
         x = dx * np.arange(n)
         j = np.zeros((ells.size, n))
         dj = np.zeros((ells.size, n))
@@ -104,6 +104,11 @@ class BesselTable:
         return self.dx * (self.j.shape[1] - 2)
 
 
+def _n_nodes(x_max: float, dx: float) -> int:
+    """Nodes of a table reaching x_max (one beyond it for the last panel, one spare)."""
+    return int(np.ceil(x_max / dx)) + 2
+
+
 def _store_path(ells: np.ndarray, x_max: float, dx: float) -> Path | None:
     from ..runtime import TABLES_DIR, persistent_dir
 
@@ -119,7 +124,7 @@ def _stored_or_built(ells: np.ndarray, x_max: float, dx: float) -> BesselTable:
     """The table from the persistent store when it holds a readable one of the right shape,
     else built (and stored when there is a store)."""
     path = _store_path(ells, x_max, dx)
-    n = int(np.ceil(x_max / dx)) + 2
+    n = _n_nodes(x_max, dx)
     if path is not None and path.exists():
         try:
             with np.load(path) as f:

@@ -188,7 +188,7 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
 
     low = k < sampling.k_photon_control
     one_launch = resolve_backend(backend).name == "cuda"
-    ys = np.empty((k.size, x.size, model.n))
+    solved, order = [], []       # states stay where the solver put them (the GPU): no copy
     status = np.empty(k.size, int)
     n_acc = np.empty(k.size, int)
     for group, controlled in ((np.nonzero(low)[0], True), (np.nonzero(~low)[0], False)):
@@ -201,14 +201,18 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
                         rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
                         error_weights=weights, backend=backend, max_steps=int(max_steps))
             m = idx.size
-            ys[idx] = np.asarray(sol.ys)[:m]
+            solved.append(sol.ys[:m])
+            order.append(idx)
             status[idx] = np.asarray(sol.status)[:m]
             n_acc[idx] = np.asarray(sol.n_accepted)[:m]
 
     tau_s, exp_mk, g = _background_at(model, table_row, grid, jnp.asarray(x))
     streaming = (~low[:, None]) & (x[None, :] > -math.log1p(sampling.z_streaming))
     program = _PROGRAMS.get_or_build(id(model), lambda: (model, _source_program(model)))[1]
-    t0, t1, t2, e, phi = program(jnp.asarray(ys), jnp.asarray(x), jnp.asarray(rows),
+    inverse = np.empty(k.size, np.int64)
+    inverse[np.concatenate(order)] = np.arange(k.size)
+    ys = jnp.concatenate([jnp.asarray(y) for y in solved])[jnp.asarray(inverse)]
+    t0, t1, t2, e, phi = program(ys, jnp.asarray(x), jnp.asarray(rows),
                                  tables.model_table, exp_mk, g, tau_s, tau0, tau_rec,
                                  jnp.asarray(streaming))
     return SourceGrid(k=k, tau=tau_s, x=x, tau0=tau0, tau_rec=tau_rec, t0=t0, t1=t1, t2=t2,

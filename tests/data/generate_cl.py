@@ -80,8 +80,7 @@ def cosmology(case):
     from boltzmann.params import load_config
 
     c = class_parameters(load_config(OUT.parents[1] / path), pk=False, cl=False)
-    drop = {"gauge", "recombination", "recfast_photoion_dependence", "output", "z_pk",
-            "P_k_max_1/Mpc", "P_k_max_h/Mpc", "lensing", "l_max_scalars"}
+    drop = {"gauge", "recombination", "recfast_photoion_dependence", "output"}
     return {k: v for k, v in c.items() if k not in drop}
 
 
