@@ -18,6 +18,8 @@ from boltzmann.tables import compute_tables
 
 REPO = Path(__file__).resolve().parents[1]
 L_MAX = 500
+#: below this k [1/Mpc] the sources' accuracy is bounded by the absolute tolerance (see below)
+K_ATOL_LIMITED = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,16 @@ def test_cmb_sources_cuda_equal_jax(planck):
     1e-13 moves those modes' S_2 by 2e-3 and S_0 by 4e-4 of the mode's own largest value, but
     every source by ≤ 3e-7 of its largest value over all modes (the modes beyond the CMB grid
     feed only S_φ and are compared there). Holding every mode to 1e-5 of its own largest |S|
-    fails for that reason: 7e-3 (S_0) on an H200."""
+    fails for that reason: 7e-3 (S_0) on an H200.
+
+    The modes far outside the horizon at recombination (k < ``K_ATOL_LIMITED``) are compared
+    separately: their densities and h are O((kτ)²) ~ 1e-6 of η there, so the absolute tolerance
+    (1e-10) bounds their relative accuracy, and S_0 = g(δ_γ/4 + α') recovers an O(1) α' from
+    them by cancellation. Against a solve at rtol 1e-9, atol 1e-18 their S_0 is off by 2.5e-3
+    (k = 7e-6/Mpc) and 3e-4 (2.4e-5/Mpc) of its largest value on either backend, 8e-7 at
+    1e-4/Mpc (docs/cmb.md, Accuracy); the H200 and the CPU differ there by 2.6e-3 (2026-12-02),
+    so those modes' S_0 is held to 5e-3. They project to kτ0 < 1.5, below ℓ = 2's peak, and
+    the C_ℓ test below bounds what reaches the spectra."""
     stacked = stack_cosmologies([planck.cosmology])
     model = modes.model_for(planck.cosmology, planck.precision)
     tables = compute_tables(stacked, modes.make_grid(planck.precision), model)
@@ -45,14 +56,20 @@ def test_cmb_sources_cuda_equal_jax(planck):
     assert np.all(src["cuda"].status == 0) and np.all(src["jax"].status == 0)
     np.testing.assert_array_equal(src["cuda"].k, src["jax"].k)
     n_cmb = src["jax"].n_cmb
-    controlled = src["jax"].k[:n_cmb] < ClSampling().k_photon_control
-    assert controlled.sum() >= 10
+    k = src["jax"].k
+    well = k >= K_ATOL_LIMITED
+    controlled = well[:n_cmb] & (k[:n_cmb] < ClSampling().k_photon_control)
+    assert controlled.sum() >= 10 and (~well).sum() >= 5
     for name in ("t0", "t1", "t2", "e", "phi"):
         a, b = np.asarray(getattr(src["jax"], name)), np.asarray(getattr(src["cuda"], name))
+        w = well
         if name != "phi":
-            a, b = a[:n_cmb], b[:n_cmb]
-        overall = np.max(np.abs(b - a)) / np.max(np.abs(a))
+            a, b, w = a[:n_cmb], b[:n_cmb], well[:n_cmb]
+        top = np.max(np.abs(a))
+        overall = np.max(np.abs(b[w] - a[w])) / top
         assert overall < 1e-5, (name, overall)
+        limited = np.max(np.abs(b[~w] - a[~w])) / top
+        assert limited < (5e-3 if name == "t0" else 1e-5), (name, "k < K_ATOL_LIMITED", limited)
         scale = np.max(np.abs(a[controlled]), axis=1, keepdims=True)
         per_mode = np.max(np.abs(b[controlled] - a[controlled]) / np.where(scale > 0, scale, 1))
         assert per_mode < 1e-5, (name, per_mode)
