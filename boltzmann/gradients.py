@@ -50,7 +50,6 @@ so ∂/∂w0 and ∂/∂wa exist at every (w0, wa), Λ's (−1, 0) included (tes
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from typing import Sequence
@@ -70,14 +69,11 @@ from .runtime import require_float64
 from .spectra import power_spectra
 from .tables import DERIVED, tables_one
 from .thermodynamics import compute_thermodynamics
+from .theta import PARAMETERS, ParameterMap, available_parameters
+from .theta import one as _one
 
 __all__ = ["PARAMETERS", "PowerSpectrumFunction", "available_parameters", "DERIVED_OUTPUTS",
            "BACKGROUND_OUTPUTS"]
-
-#: the issue's parameter list, in this order (config names)
-PARAMETERS = ("h", "omega_b", "omega_cdm", "ln10^{10}A_s", "n_s", "tau_reio", "m_ncdm", "N_ur",
-              "w0_fld", "wa_fld")
-
 
 #: derived numbers (classy's names, ``boltzmann.derived``) among the outputs by default
 DERIVED_OUTPUTS = ("100*theta_s", "100*theta_star", "rs_d", "z_d", "z_star", "z_rec", "z_reio",
@@ -85,31 +81,6 @@ DERIVED_OUTPUTS = ("100*theta_s", "100*theta_star", "rs_d", "z_d", "z_star", "z_
 #: background observables at ``z_background`` among the outputs: H [1/Mpc], D_A, D_M, D_H
 #: [Mpc], growth rate f and factor D (``boltzmann.distances``, as background.csv has them)
 BACKGROUND_OUTPUTS = ("H", "D_A", "D_M", "D_H", "f", "D")
-
-
-def available_parameters(cosmo) -> tuple:
-    """The PARAMETERS a cosmology can be differentiated in (m_ncdm only with massive species)."""
-    return tuple(p for p in PARAMETERS if p != "m_ncdm" or cosmo.n_ncdm > 0)
-
-_SCALARS = ("h", "omega_b", "omega_cdm", "A_s", "n_s", "tau_reio", "N_ur", "w0_fld", "wa_fld",
-            "YHe", "T_cmb", "k_pivot")
-
-
-def _parse_name(name: str):
-    """('scalar', leaf) | ('ln10As', None) | ('m_all', None) | ('m_one', i)."""
-    if name == "ln10^{10}A_s":
-        return "ln10As", None
-    if name == "m_ncdm":
-        return "m_all", None
-    if name.startswith("m_ncdm[") and name.endswith("]"):
-        try:
-            return "m_one", int(name[7:-1])
-        except ValueError:
-            pass
-    if name in _SCALARS:
-        return "scalar", name
-    raise ConfigError(f"gradients: unknown parameter {name!r}; allowed: {', '.join(PARAMETERS)}, "
-                      "A_s, m_ncdm[i], YHe, T_cmb")
 
 
 class PowerSpectrumFunction:
@@ -134,7 +105,7 @@ class PowerSpectrumFunction:
       "age" [Gyr], ...), from ``boltzmann.derived.derived_parameters`` with the thermodynamic
       redshifts of the same tables the perturbations use — summary.json's numbers.
 
-    Options: ``parameters`` (subset/order of PARAMETERS and the extra names ``_parse_name`` takes),
+    Options: ``parameters`` (subset/order of PARAMETERS and the extra names ``theta.parse_name`` takes),
     ``k`` [1/Mpc] and ``z`` override the config's output grid, ``z_background`` the redshifts of
     the background outputs (default: the config's ``output.z_background``, else ``z``; ``()``
     for none), ``derived`` the derived names (default ``DERIVED_OUTPUTS``; any of
@@ -156,29 +127,15 @@ class PowerSpectrumFunction:
         self.config = config
         self.backend = backend
         self.sensitivity_error_control = bool(sensitivity_error_control)
-        self.parameters = tuple(parameters)
-        if len(set(self.parameters)) != len(self.parameters):
-            raise ConfigError(f"gradients: repeated parameter names in {self.parameters}")
-        parsed = [_parse_name(p) for p in self.parameters]
-        cosmo = config.cosmology
-        if any(p[0] in ("m_all", "m_one") for p in parsed) and cosmo.n_ncdm == 0:
-            raise ConfigError("gradients: m_ncdm requested but the cosmology has no massive "
-                              "neutrino species (set cosmology.m_ncdm, or drop m_ncdm from the "
-                              "parameter list)")
-        for kind, i in parsed:
-            if kind == "m_one" and not 0 <= i < cosmo.n_ncdm:
-                raise ConfigError(f"gradients: m_ncdm[{i}] out of range; the cosmology has "
-                                  f"{cosmo.n_ncdm} massive species")
+        self._map = ParameterMap(config.cosmology, parameters)
+        self.parameters = self._map.names
         prec = config.precision
         # w0/wa derivatives of a Λ config: fluid background at (-1, 0), fluid perturbations
         # linearised about Λ (module docstring)
-        self.de_at_lambda = (any(p[1] in ("w0_fld", "wa_fld") for p in parsed)
-                             and not cosmo.use_fld)
-        if self.de_at_lambda:
-            cosmo = dataclasses.replace(cosmo, w0_fld=-1.0, wa_fld=0.0, use_fld=True)
+        self.de_at_lambda = self._map.de_at_lambda
+        cosmo = self._map.cosmo0
         self.model = modes.model_for(cosmo, prec, de_at_lambda=self.de_at_lambda)
         self.cosmo0 = cosmo
-        self._parsed = parsed
         self.rtol = float(prec.rtol if rtol is None else rtol)
         self.atol = float(prec.atol if atol is None else atol)
         self.grid = modes.make_grid(prec)
@@ -203,8 +160,7 @@ class PowerSpectrumFunction:
         n_chunks = max(1, min(int(n_chunks), self.k_solve.size))
         size = int(math.ceil(self.k_solve.size / n_chunks))
         self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]
-        self.theta0 = jnp.asarray([self._fiducial_value(kind, leaf)
-                                   for kind, leaf in parsed], jnp.float64)
+        self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
         self._jit_background = jax.jit(self._background_at)
         # the Jacobian as three programs, chained by explicit tangents (``jacobian``)
@@ -217,35 +173,9 @@ class PowerSpectrumFunction:
         """The backend the solves run on ("jax" or "cuda")."""
         return resolve_backend(self.backend).name
 
-    # -- θ <-> CosmoParams
-    def _fiducial_value(self, kind, leaf):
-        c = self.cosmo0
-        if kind == "ln10As":
-            return float(c.ln10_10_A_s)
-        if kind == "m_all":
-            return float(np.mean(np.asarray(c.m_ncdm)))
-        if kind == "m_one":
-            return float(np.asarray(c.m_ncdm)[leaf])
-        return float(getattr(c, leaf))
-
     def cosmology(self, theta) -> CosmoParams:
         """The CosmoParams at θ (leaves may be tracers)."""
-        c = self.cosmo0
-        theta = jnp.asarray(theta)
-        updates = {}
-        m = jnp.asarray(c.m_ncdm, jnp.float64)
-        for j, (kind, leaf) in enumerate(self._parsed):
-            if kind == "ln10As":
-                updates["A_s"] = 1e-10 * jnp.exp(theta[j])
-            elif kind == "m_all":
-                m = m + (theta[j] - float(np.mean(np.asarray(c.m_ncdm))))
-            elif kind == "m_one":
-                m = m.at[leaf].add(theta[j] - float(np.asarray(c.m_ncdm)[leaf]))
-            else:
-                updates[leaf] = theta[j]
-        if any(kind in ("m_all", "m_one") for kind, _ in self._parsed):
-            updates["m_ncdm"] = m
-        return dataclasses.replace(c, **updates)
+        return self._map.cosmology(theta)
 
     # -- the computation: the stages on an ensemble of one
     def _tables(self, theta):
@@ -468,8 +398,3 @@ def _derived_names(names) -> tuple:
         raise ConfigError(f"gradients: {own} are not derived outputs: σ8 is the output "
                           "'sigma8' (at every z; S8 = sigma8[z=0] (Omega_m/0.3)^1/2 from it)")
     return names
-
-
-def _one(cosmo: CosmoParams) -> CosmoParams:
-    """``cosmo`` as an ensemble of one (a leading axis of 1 on every leaf); traceable."""
-    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64)[None], cosmo)

@@ -120,7 +120,7 @@ def _names(text):
 
 def validate_args(parser, args):
     """Argument checks that need no model (parser.error: exit status 2 and a clear message)."""
-    from boltzmann.gradients import _parse_name
+    from boltzmann.theta import parse_name as _parse_name
     from boltzmann.params import ConfigError
 
     if args.nuts < 0:

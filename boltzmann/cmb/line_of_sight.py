@@ -6,7 +6,8 @@ For each sampled ℓ and every k of the transfer grid (boltzmann.cmb.sampling),
     Δ_ℓ^E(k) = √((ℓ+2)!/(ℓ-2)!) Σ_i w_i S_E j_ℓ(x_i)/x_i²,
     Δ_ℓ^φ(k) = Σ_i w_i S_φ j_ℓ(x_i),                   x_i = k (τ0 - τ_i),
 
-with trapezoid weights w_i on the source times τ_i, and the sources carried from the source k
+with trapezoid weights w_i on the source times τ_i (τ_i, τ0 may be traced: the samples are fixed
+in ln a, so a change of cosmology moves τ_i, τ0 and the weights), and the sources carried from the source k
 grid to the transfer k grid by a cubic spline in ln k (one matrix product). The Bessel values
 come from boltzmann.cmb.bessel's table.
 
@@ -25,9 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import bessel
-from .sampling import spline_matrix, trapezoid_weights
+from .sampling import spline_matrix
 
-__all__ = ["Transfers", "transfer_functions", "fine_sources"]
+__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,13 @@ class Transfers:
     E: jnp.ndarray
     ells_p: np.ndarray
     P: jnp.ndarray | None
+
+
+def trapezoid(t):
+    """Trapezoid weights on the nodes t (jnp: differentiable in t)."""
+    half = 0.5 * jnp.diff(t)
+    zero = jnp.zeros(1, half.dtype)
+    return jnp.concatenate([half, zero]) + jnp.concatenate([zero, half])
 
 
 def fine_sources(src, k_fine):
@@ -75,14 +83,15 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
     ells = np.asarray(ells)
     if not np.array_equal(np.asarray(table.ells), ells):
         raise ValueError("transfer_functions: the Bessel table must hold exactly ``ells``")
-    tau = np.asarray(src.tau)
+    tau = jnp.asarray(src.tau)           # may be traced (the C_ℓ Jacobian): jnp throughout
     chi = src.tau0 - tau
     fine = fine_sources(src, k)
-    x = jnp.asarray(k)[:, None] * jnp.asarray(chi)[None, :]
-    w = jnp.asarray(trapezoid_weights(tau))
-    if late_cut_tau is None:
-        late_cut_tau = float(np.interp(-np.log(31.0), np.asarray(src.x), tau))
-    n_cut = int(np.searchsorted(tau, late_cut_tau)) + 1
+    x = jnp.asarray(k)[:, None] * chi[None, :]
+    w = trapezoid(tau)
+    if late_cut_tau is None:             # the samples are fixed in ln a: cut by x, not by τ
+        n_cut = int(np.searchsorted(np.asarray(src.x), -np.log(31.0))) + 1
+    else:
+        n_cut = int(np.searchsorted(np.asarray(src.tau), late_cut_tau)) + 1
     low = np.nonzero(ells <= l_late)[0]
     high = np.nonzero(ells > l_late)[0]
     T = jnp.zeros((ells.size, k.size))
@@ -95,7 +104,7 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
         P = p[: ells_p.size]
     if high.size:
         cut = {name: v[:, :n_cut] for name, v in fine.items()}
-        w_cut = jnp.asarray(trapezoid_weights(tau[:n_cut]))
+        w_cut = trapezoid(tau[:n_cut])
         t, e, _ = _integrate(table, high, x[:, :n_cut], w_cut, cut, False)
         T, E = T.at[high].set(t), E.at[high].set(e)
     if ells_p.size > low.size:

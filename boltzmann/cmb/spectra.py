@@ -22,6 +22,7 @@ import numpy as np
 from scipy.interpolate import CubicSpline
 
 from ..spectra import primordial_curvature_power
+from .line_of_sight import trapezoid
 from .sampling import trapezoid_weights
 
 __all__ = ["ClSpectra", "cl_from_transfers", "ell_spline_matrix", "limber_pp", "D_ELL_NAMES"]
@@ -84,32 +85,38 @@ def cl_from_transfers(tr, A_s, n_s, k_pivot, *, T_cmb) -> dict:
     return out
 
 
-def limber_pp(src, ells, A_s, n_s, k_pivot):
+def limber_pp(src, ells, A_s, n_s, k_pivot, *, tau_fid=None, tau0_fid=None):
     """C_ℓ^φφ of Limber's approximation at ``ells`` from the source grid ``src`` (module doc).
 
     S_φ(k, τ_i) at k = (ℓ + ½)/χ_i: the cubic spline in ln k of the source grid, written as
-    Hermite cells with the spline's node derivatives (one matrix), so it stays a JAX gather."""
-    tau = np.asarray(src.tau)
-    chi_all = src.tau0 - tau
-    keep = chi_all > 1.0
-    chi, w = chi_all[keep], trapezoid_weights(tau)[keep]
+    Hermite cells with the spline's node derivatives (one matrix), so it stays a JAX gather.
+    ``src.tau``, ``src.tau0`` may be traced (the C_ℓ Jacobian); the cells each k falls in are
+    then fixed by the host values ``tau_fid``, ``tau0_fid`` (the fiducial cosmology's), which
+    leaves the derivative exact (the spline is C¹ across cells)."""
+    tau_h = np.asarray(src.tau if tau_fid is None else tau_fid)
+    tau0_h = float(src.tau0 if tau0_fid is None else tau0_fid)
+    keep = (tau0_h - tau_h) > 1.0
+    tau = jnp.asarray(src.tau)
+    chi = (src.tau0 - tau)[keep]
+    w = trapezoid(tau)[keep]
     lnk = np.log(src.k)
     deriv = CubicSpline(lnk, np.eye(src.k.size), axis=0).derivative()(lnk)
     phi = jnp.asarray(src.phi)[:, keep]                                  # (K, S)
     dphi = jnp.asarray(deriv) @ phi
     nu = np.asarray(ells, np.float64)[:, None] + 0.5
-    k = nu / chi[None, :]                                                # (L, S)
-    lnq = np.log(np.clip(k, src.k[0], src.k[-1]))
-    i = np.clip(np.searchsorted(lnk, lnq) - 1, 0, lnk.size - 2)
+    k_h = nu / (tau0_h - tau_h[keep])[None, :]                           # (L, S), host
+    i = np.clip(np.searchsorted(lnk, np.log(np.clip(k_h, src.k[0], src.k[-1]))) - 1, 0,
+                lnk.size - 2)
     h = lnk[i + 1] - lnk[i]
-    t = jnp.asarray((lnq - lnk[i]) / h)
-    col = np.broadcast_to(np.arange(chi.size)[None, :], i.shape)
+    k = jnp.asarray(nu) / chi[None, :]
+    t = (jnp.log(jnp.clip(k, src.k[0], src.k[-1])) - lnk[i]) / h
+    col = np.broadcast_to(np.arange(chi.shape[0])[None, :], i.shape)
     f0, f1 = phi[i, col], phi[i + 1, col]
     d0, d1 = dphi[i, col] * h, dphi[i + 1, col] * h
     t2, t3 = t * t, t * t * t
     s_phi = ((2 * t3 - 3 * t2 + 1) * f0 + (t3 - 2 * t2 + t) * d0 + (-2 * t3 + 3 * t2) * f1
              + (t3 - t2) * d1)
-    inside = jnp.asarray((k >= src.k[0]) & (k <= src.k[-1]))
-    pr = primordial_curvature_power(jnp.asarray(k), A_s, n_s, k_pivot)
+    inside = jnp.asarray((k_h >= src.k[0]) & (k_h <= src.k[-1]))
+    pr = primordial_curvature_power(k, A_s, n_s, k_pivot)
     integrand = jnp.where(inside, pr * s_phi * s_phi / (k ** 3 * chi ** 2), 0.0)
-    return 2.0 * math.pi ** 2 * integrand @ jnp.asarray(w)
+    return 2.0 * math.pi ** 2 * integrand @ w
