@@ -3,8 +3,8 @@
 It parses, calls ``boltzmann.pipeline.run`` and writes: pk.csv, tk.csv, summary.json with the
 derived parameters (``boltzmann.output``, ``boltzmann.derived``), pk.png (``boltzmann.plots``),
 background.csv when ``output.z_background`` is set, cl.csv/cl_lensed.csv/cl.png when
-``output.cl`` is set and, with ``--gradients``, dpk.csv/dpk.png. ``--compare`` adds ratio panels:
-against CLASS run through classy with the run's parameters (``boltzmann.class_reference``; its
+``output.cl`` is set and, with ``--gradients``, dpk.csv/dpk.png (and dcl.csv with output.cl).
+``--compare`` adds ratio panels: against CLASS run through classy with the run's parameters (``boltzmann.class_reference``; its
 numbers are written as class_pk.csv, class_cl.csv, class_cl_lensed.csv), or, for pk.png, against
 a reference pk.csv.
 P(k), transfer functions and derivatives are written at ``output.z``; the run also solved at the
@@ -275,6 +275,12 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
             plots.plot_dpk(written[-1], k, dlnp_m, zs, tables["parameters"],
                            title=f"{name}: exact derivatives")
 
+    if result.cl_gradients is not None:
+        from boltzmann.cmb.gradients import LOG_SPECTRA
+
+        written.append(output.write_dcl_csv(out_dir / output.DCL_FILE, result.cl_gradients,
+                                            LOG_SPECTRA, comments=comments))
+
     if not args.no_plot:
         from boltzmann.cli_compare import plot_results
 
@@ -294,6 +300,8 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
         extra["sigma8_problems"] = problems
     if tables is not None:
         extra["gradients"] = tables["summary"]
+    if result.cl_gradients is not None:
+        extra["cl_gradients"] = result.cl_gradients["summary"]
     timings["total_wall"] = time.perf_counter() - t_start
     written.append(output.write_summary_json(
         out_dir / output.SUMMARY_FILE, zs=zs, sigma8=s8, sigma8_cb=s8_cb,

@@ -67,6 +67,8 @@ class Result:
     gradients: dict | None = None
     #: CMB spectra (boltzmann.cmb.ClSpectra) when the config's output.cl asks for them
     cl: object | None = None
+    #: with gradients and output.cl: ``boltzmann.cmb.ClFunction.dcl()``'s table (dcl.csv)
+    cl_gradients: dict | None = None
 
     @property
     def k(self) -> np.ndarray:

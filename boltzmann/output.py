@@ -361,3 +361,40 @@ def write_cl_lensed_csv(path, cl, comments: Sequence[str] = ()) -> Path:
 
 __all__ += ["CL_FILE", "CL_COLUMNS", "write_cl_csv", "CL_LENSED_FILE", "CL_LENSED_COLUMNS",
             "write_cl_lensed_csv"]
+
+
+DCL_FILE = "dcl.csv"
+
+
+def dcl_column_names(outputs: Sequence[str], parameters: Sequence[str],
+                     log_outputs: Sequence[str]) -> list[str]:
+    """dcl.csv header: ell, then per output and parameter ``dln<X>/d<θ>`` (``log_outputs``) or
+    ``d<X>/d<θ>`` (TE, lensed_TE)."""
+    return ["ell"] + [f"{'dln' if name in log_outputs else 'd'}{name}/d{p}" for name in outputs
+                      for p in parameters]
+
+
+def write_dcl_csv(path, table: dict, log_outputs: Sequence[str],
+                  comments: Sequence[str] = ()) -> Path:
+    """Write dcl.csv from ``boltzmann.cmb.ClFunction.dcl()``'s table: one row per ℓ, the
+    derivatives of D_ℓ (cl.csv's and cl_lensed.csv's convention) in every parameter."""
+    ell = np.asarray(table["ell"], float)
+    outputs = list(table["derivative"])
+    parameters = list(table["parameters"])
+    cols = [ell]
+    for name in outputs:
+        d = np.asarray(table["derivative"][name], float)
+        if d.shape != (ell.size, len(parameters)):
+            raise ValueError(f"dcl: {name} has shape {d.shape}, expected "
+                             f"{(ell.size, len(parameters))}")
+        cols += [d[:, i] for i in range(len(parameters))]
+    notes = [_produced_by(), "exact derivatives of the CMB spectra: dln D_l/dtheta for TT, EE, "
+             "PP, lensed_TT, lensed_EE, lensed_BB; dD_l/dtheta [muK^2] for TE and lensed_TE "
+             "(they cross zero); D_l as in cl.csv; forward sensitivities through background, "
+             "thermodynamics, perturbations, line of sight and lensing, at fixed sampling grids",
+             *comments]
+    _write_table(Path(path), dcl_column_names(outputs, parameters, log_outputs), cols, notes)
+    return Path(path)
+
+
+__all__ += ["DCL_FILE", "dcl_column_names", "write_dcl_csv"]

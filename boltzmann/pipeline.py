@@ -4,7 +4,7 @@ thermodynamics → perturbations → spectra (and, on request, their parameter d
 ``run(config)`` is the ensemble driver (``boltzmann.ensemble.run_ensemble``) on the config's one
 cosmology, so a single run and an ensemble of one are the same computation; with
 ``gradients=True`` it adds ∂ln P/∂θ and ∂ln σ8/∂θ from ``boltzmann.gradients``, on the same
-backend.
+backend, and, when the config asks for C_ℓ, their derivatives from ``boltzmann.cmb.gradients``.
 """
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False) -> Re
         t0 = time.perf_counter()
         result.gradients = derivative_tables(config, result, backend=backend, progress=progress)
         result.timings["gradients"] = time.perf_counter() - t0
+        if getattr(config.output, "cl", ()):
+            t0 = time.perf_counter()
+            result.cl_gradients = cl_derivative_table(config, backend=backend, progress=progress)
+            result.timings["cmb_gradients"] = time.perf_counter() - t0
     return result
 
 
@@ -63,6 +67,20 @@ def derivative_tables(config, result: Result, *, backend="auto", progress=null_p
                             for iz, z in enumerate(result.z)}
     tables["summary"] = summary
     return tables
+
+
+def cl_derivative_table(config, *, backend="auto", progress=null_progress) -> dict:
+    """``boltzmann.cmb.ClFunction.dcl()`` for the config's C_ℓ request and the parameters of
+    P(k)'s derivatives (``available_parameters``), with a JSON-able ``summary``."""
+    from .cmb.gradients import ClFunction
+
+    progress("cmb gradients", 0, 1)
+    fn = ClFunction(config, backend=backend)
+    table = fn.dcl()
+    progress("cmb gradients", 1, 1)
+    table["summary"] = {"parameters": list(fn.parameters), "outputs": list(table["D_ell"]),
+                        "seconds": float(table["seconds"])}
+    return table
 
 
 def cmb_spectra(config, result: Result, *, backend="auto", progress=null_progress):

@@ -210,6 +210,43 @@ def test_gradients_and_backend_passed_on(reference, config_file, tmp_path):
     assert _header(tmp_path / "g" / "dpk.csv").startswith("# k_1/Mpc,")
 
 
+def test_gradients_with_cl_write_dcl_csv(reference, config_file, tmp_path):
+    """With C_ℓ derivatives in the result (pipeline.run on a config with output.cl), dcl.csv:
+    ell, then dln<X>/dθ (dTE/dθ for TE) per output and parameter, every ℓ a row."""
+    from boltzmann import output as out
+
+    base = _fake_run_factory(reference)
+    names = ["h", "tau_reio"]
+    ell = np.arange(2, 31, dtype=float)
+    deriv = {"TT": np.full((ell.size, 2), 0.5), "TE": np.full((ell.size, 2), -3.0),
+             "lensed_BB": np.full((ell.size, 2), 2.0)}
+
+    def run(config, *, backend="auto", progress=None, gradients=False):
+        result = base(config, backend=backend, progress=progress)
+        K = result.k.shape[1]
+        result.gradients = {"parameters": names, "dlnP_m": np.ones((2, K, 2)),
+                            "dlnP_cb": np.zeros((2, K, 2)), "summary": {}}
+        result.cl_gradients = {"ell": ell, "parameters": names, "derivative": deriv,
+                               "summary": {"parameters": names, "seconds": 1.0}}
+        return result
+
+    code, _, err = _main(["--config", config_file, "--gradients", "--quiet", "--no-plot",
+                          "--out", tmp_path / "g"], run)
+    assert code == 0, err
+    header = _header(tmp_path / "g" / "dcl.csv")
+    assert header == "# " + ",".join(["ell", "dlnTT/dh", "dlnTT/dtau_reio", "dTE/dh",
+                                      "dTE/dtau_reio", "dlnlensed_BB/dh",
+                                      "dlnlensed_BB/dtau_reio"])
+    table = np.loadtxt(tmp_path / "g" / "dcl.csv", delimiter=",")
+    assert table.shape == (ell.size, 7) and np.all(table[:, 0] == ell)
+    assert np.all(table[:, 3] == -3.0) and np.all(table[:, 6] == 2.0)
+    summary = json.loads((tmp_path / "g" / "summary.json").read_text())
+    assert summary["cl_gradients"]["parameters"] == names
+    with pytest.raises(ValueError, match="shape"):
+        out.write_dcl_csv(tmp_path / "bad.csv", {"ell": ell, "parameters": names,
+                                                 "derivative": {"TT": np.ones((3, 2))}}, ())
+
+
 def test_failed_modes_are_named(reference, config_file):
     from solver import Status, describe
 

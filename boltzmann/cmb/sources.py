@@ -43,7 +43,8 @@ from solver.caches import Cache
 from .. import modes
 from .sampling import ClSampling, lensing_wavenumbers, source_times, source_wavenumbers
 
-__all__ = ["SourceGrid", "compute_sources", "transmission_and_visibility", "PHOTON_CONTROL"]
+__all__ = ["SourceGrid", "SourcePlan", "compute_sources", "source_plan", "source_background",
+           "source_program", "evaluate_sources", "error_weights", "transmission_and_visibility", "PHOTON_CONTROL"]
 
 #: photon states kept in error control by the modes below ``ClSampling.k_photon_control``
 PHOTON_CONTROL = ("F_g_0", "F_g_1", "F_g_2", "G_g_0", "G_g_1", "G_g_2")
@@ -147,7 +148,9 @@ def _source_program(model):
 _PROGRAMS = Cache("boltzmann.cmb.sources", maxsize=8)
 
 
-def _weights(model, photon_control: bool) -> np.ndarray:
+def error_weights(model, photon_control: bool) -> np.ndarray:
+    """The solver's error weights of a group of CMB modes: the model's own, plus
+    ``PHOTON_CONTROL`` for the modes below ``k_photon_control``."""
     w = modes.error_weights(model)
     if photon_control:
         for name in PHOTON_CONTROL:
@@ -155,14 +158,35 @@ def _weights(model, photon_control: bool) -> np.ndarray:
     return w
 
 
-def compute_sources(tables, cosmos, precision, model, l_max: int, *,
-                    sampling: ClSampling = ClSampling(), lensing_modes: bool = False,
-                    backend="auto", max_steps: int = 200_000) -> SourceGrid:
-    """Solve the CMB modes of the first cosmology of ``tables``/``cosmos`` and evaluate the
-    sources on the (k, τ) grid of ``sampling`` for multipoles up to ``l_max`` (with
-    ``lensing_modes``, plus the lensing potential's extra modes)."""
-    grid = tables.grid
-    table_row = jnp.asarray(tables.model_table)[0]
+@dataclass(frozen=True)
+class SourcePlan:
+    """The host-side choices of a source computation, made once at a fiducial cosmology and held
+    fixed under derivatives: the modes ``k`` [1/Mpc] (the first ``n_cmb`` the CMB grid), their
+    start times ``x0`` (ln a), the source samples ``x`` (ln a; ``tau_fid`` their conformal times
+    [Mpc] at the fiducial cosmology, ``tau0_fid`` today's), ``x_rec`` (the maximum of the
+    visibility, where the lensing kernel starts), ``low`` (the modes that keep their photons in
+    error control) and ``streaming`` (K, S) (the samples whose photon sources take their
+    free-streaming values)."""
+
+    k: np.ndarray
+    n_cmb: int
+    x0: np.ndarray
+    x: np.ndarray
+    tau_fid: np.ndarray
+    tau0_fid: float
+    x_rec: float
+    low: np.ndarray
+    streaming: np.ndarray
+
+    def groups(self):
+        """(mode indices, photons in error control) of the two solver groups."""
+        return ((np.nonzero(self.low)[0], True), (np.nonzero(~self.low)[0], False))
+
+
+def source_plan(table_row, cosmos, precision, model, grid, l_max: int, *,
+                sampling: ClSampling = ClSampling(), lensing_modes: bool = False) -> SourcePlan:
+    """The sampling of the sources of the first cosmology of ``cosmos`` (``table_row``: its model
+    table) for multipoles up to ``l_max`` (module docstring; boltzmann.cmb.sampling)."""
     ltau, _ = _column(model, table_row, "ln_conformal_time")
     tau_nodes = np.exp(np.asarray(ltau))
     x_nodes = grid.nodes
@@ -175,7 +199,6 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
     i_start = int(np.argmax(g_nodes > sampling.visibility_start * g_nodes[i_rec]))
     tau, x = source_times(tau_nodes, x_nodes, tau_rec, float(tau_nodes[i_start]), sampling)
     tau0 = float(tau[-1])
-
     probe = np.asarray(modes.mode_rows(model, cosmos, np.ones((1, 1)), grid))
     r_s = _sound_horizon(probe, model, tau_nodes[: i_rec + 1], x_nodes[: i_rec + 1])
     k = source_wavenumbers(l_max, tau0, r_s, sampling)
@@ -183,16 +206,59 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
     if lensing_modes:
         k = np.concatenate([k, lensing_wavenumbers(float(k[-1]), sampling)])
     rows = np.asarray(modes.mode_rows(model, cosmos, k[None, :], grid))
-    x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
+    x0, _ = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
     modes.check_start_times(x0, grid, x, precision)
-
     low = k < sampling.k_photon_control
+    streaming = (~low[:, None]) & (x[None, :] > -math.log1p(sampling.z_streaming))
+    # τ at the samples as the stages evaluate it (the table's Hermite interpolation), so that
+    # the grids chosen from it and the traced τ agree at the fiducial cosmology
+    tau_h = np.asarray(_background_at(model, table_row, grid, jnp.asarray(x))[0])
+    return SourcePlan(k=k, n_cmb=n_cmb, x0=np.asarray(x0, np.float64), x=x, tau_fid=tau_h,
+                      tau0_fid=float(tau_h[-1]), x_rec=float(x_nodes[i_rec]), low=low,
+                      streaming=streaming)
+
+
+def source_background(model, table_row, grid, plan: SourcePlan) -> dict:
+    """{tau, exp_mk, g: (S,) at the samples; tau0, tau_rec: ()} from the model table (traceable:
+    the samples are fixed in ln a, their τ follow the cosmology)."""
+    x = jnp.concatenate([jnp.asarray(plan.x), jnp.asarray([plan.x_rec])])
+    tau, exp_mk, g = _background_at(model, table_row, grid, x)
+    return {"tau": tau[:-1], "exp_mk": exp_mk[:-1], "g": g[:-1], "tau0": tau[-2],
+            "tau_rec": tau[-1]}
+
+
+def source_program(model):
+    """The compiled (K, S)-vectorised sources (``_source_program``), one per model."""
+    return _PROGRAMS.get_or_build(id(model), lambda: (model, _source_program(model)))[1]
+
+
+def evaluate_sources(program, ys, x, rows, table, bg: dict, streaming):
+    """(S_0, S_1, S_2, S_E, S_φ), each (K, S), of states ys (K, S, n) at the samples x (S,)
+    (traceable; ``streaming`` (K, S) as in SourcePlan)."""
+    return program(ys, jnp.asarray(x), rows, table, bg["exp_mk"], bg["g"], bg["tau"],
+                   bg["tau0"], bg["tau_rec"], jnp.asarray(streaming))
+
+
+def compute_sources(tables, cosmos, precision, model, l_max: int, *,
+                    sampling: ClSampling = ClSampling(), lensing_modes: bool = False,
+                    backend="auto", max_steps: int = 200_000) -> SourceGrid:
+    """Solve the CMB modes of the first cosmology of ``tables``/``cosmos`` and evaluate the
+    sources on the (k, τ) grid of ``sampling`` for multipoles up to ``l_max`` (with
+    ``lensing_modes``, plus the lensing potential's extra modes)."""
+    grid = tables.grid
+    table_row = jnp.asarray(tables.model_table)[0]
+    plan = source_plan(table_row, cosmos, precision, model, grid, l_max, sampling=sampling,
+                       lensing_modes=lensing_modes)
+    k, x = plan.k, plan.x
+    rows = np.asarray(modes.mode_rows(model, cosmos, k[None, :], grid))
+    x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
+
     one_launch = resolve_backend(backend).name == "cuda"
     solved, order = [], []       # states stay where the solver put them (the GPU): no copy
     status = np.empty(k.size, int)
     n_acc = np.empty(k.size, int)
-    for group, controlled in ((np.nonzero(low)[0], True), (np.nonzero(~low)[0], False)):
-        weights = _weights(model, controlled)
+    for group, controlled in plan.groups():
+        weights = error_weights(model, controlled)
         chunk = max(group.size, 1) if one_launch else CHUNK
         for c in range(0, group.size, chunk):
             idx = group[c:c + chunk]
@@ -206,14 +272,12 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
             status[idx] = np.asarray(sol.status)[:m]
             n_acc[idx] = np.asarray(sol.n_accepted)[:m]
 
-    tau_s, exp_mk, g = _background_at(model, table_row, grid, jnp.asarray(x))
-    streaming = (~low[:, None]) & (x[None, :] > -math.log1p(sampling.z_streaming))
-    program = _PROGRAMS.get_or_build(id(model), lambda: (model, _source_program(model)))[1]
+    bg = source_background(model, table_row, grid, plan)
     inverse = np.empty(k.size, np.int64)
     inverse[np.concatenate(order)] = np.arange(k.size)
     ys = jnp.concatenate([jnp.asarray(y) for y in solved])[jnp.asarray(inverse)]
-    t0, t1, t2, e, phi = program(ys, jnp.asarray(x), jnp.asarray(rows),
-                                 tables.model_table, exp_mk, g, tau_s, tau0, tau_rec,
-                                 jnp.asarray(streaming))
-    return SourceGrid(k=k, tau=tau_s, x=x, tau0=tau0, tau_rec=tau_rec, t0=t0, t1=t1, t2=t2,
-                      e=e, phi=phi, status=status, n_accepted=n_acc, n_cmb=n_cmb)
+    t0, t1, t2, e, phi = evaluate_sources(source_program(model), ys, x, jnp.asarray(rows),
+                                          tables.model_table, bg, plan.streaming)
+    return SourceGrid(k=k, tau=bg["tau"], x=x, tau0=float(bg["tau0"]), tau_rec=float(bg["tau_rec"]),
+                      t0=t0, t1=t1, t2=t2, e=e, phi=phi, status=status, n_accepted=n_acc,
+                      n_cmb=plan.n_cmb)

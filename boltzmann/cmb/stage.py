@@ -29,7 +29,8 @@ from .sampling import ClSampling, multipoles, transfer_wavenumbers
 from .sources import compute_sources
 from .spectra import ClSpectra, cl_from_transfers, ell_spline_matrix, limber_pp
 
-__all__ = ["compute_cl", "cl_for_config", "SPECTRA", "L_MAX_RANGE"]
+__all__ = ["compute_cl", "cl_for_config", "check_request", "sampled_spectra", "every_ell",
+           "SPECTRA", "L_MAX_RANGE", "L_LIMBER", "L_LATE"]
 
 #: the spectra a run can ask for (config output.cl)
 SPECTRA = ("TT", "EE", "TE", "BB", "PP")
@@ -41,12 +42,9 @@ L_LIMBER = 100
 L_LATE = 400
 
 
-def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
-               spectra=("TT", "EE", "TE", "PP"), lensing: bool = False,
-               sampling: ClSampling = ClSampling(), backend="auto") -> ClSpectra:
-    """C_ℓ of the first cosmology of ``tables``/``cosmos`` (a stacked CosmoParams) for every
-    ℓ = 2..l_max; see the module docstring and docs/cmb.md."""
-    require_float64()
+def check_request(l_max: int, spectra, lensing: bool) -> None:
+    """A clear error for an l_max outside ``L_MAX_RANGE``, an unknown spectrum, or lensing
+    without the lensing potential."""
     if not L_MAX_RANGE[0] <= int(l_max) <= L_MAX_RANGE[1]:
         raise ValueError(f"l_max = {l_max}: supported range is {L_MAX_RANGE[0]}..{L_MAX_RANGE[1]}")
     unknown = set(spectra) - set(SPECTRA)
@@ -54,6 +52,15 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
         raise ValueError(f"unknown spectra {sorted(unknown)}; choose from {SPECTRA}")
     if lensing and "PP" not in spectra:
         raise ValueError("lensing needs the lensing potential: add PP to output.cl")
+
+
+def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
+               spectra=("TT", "EE", "TE", "PP"), lensing: bool = False,
+               sampling: ClSampling = ClSampling(), backend="auto") -> ClSpectra:
+    """C_ℓ of the first cosmology of ``tables``/``cosmos`` (a stacked CosmoParams) for every
+    ℓ = 2..l_max; see the module docstring and docs/cmb.md."""
+    require_float64()
+    check_request(l_max, spectra, lensing)
     l_out = int(l_max)
     if lensing:
         l_max = l_out + L_EXTRA
@@ -77,22 +84,12 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     t0 = time.perf_counter()
     A_s, n_s, k_pivot = (jnp.asarray(getattr(cosmos, n))[0] for n in ("A_s", "n_s", "k_pivot"))
     T_cmb = float(np.asarray(cosmos.T_cmb)[0])
-    sampled = cl_from_transfers(tr, A_s, n_s, k_pivot, T_cmb=T_cmb)
-    if "PP" in spectra:
-        high = ells[ells > l_limber]
-        pp = sampled["PP"]
-        if high.size:
-            pp = jnp.concatenate([pp, limber_pp(src, high, A_s, n_s, k_pivot)])
-        sampled["PP"] = pp
-    ell_all = np.arange(2, int(l_max) + 1)
-    f_s = ells * (ells + 1.0)
-    m = jnp.asarray(ell_spline_matrix(ells, int(l_max)))
-    f_all = ell_all * (ell_all + 1.0)
-    cl = {}
-    for name in ("TT", "EE", "TE", "PP"):
-        if name in spectra or lensing:
-            cl[name] = np.asarray(m @ (jnp.asarray(f_s) * sampled[name])) / f_all
+    sampled = sampled_spectra(tr, src, A_s, n_s, k_pivot, T_cmb=T_cmb, l_limber=l_limber,
+                              with_pp="PP" in spectra)
+    names = [n for n in ("TT", "EE", "TE", "PP") if n in spectra or lensing]
+    cl = {n: np.asarray(v) for n, v in every_ell(sampled, ells, int(l_max), names).items()}
     timings["spectra"] = time.perf_counter() - t0
+    ell_all = np.arange(2, int(l_max) + 1)
     lensed = None
     if lensing:
         t0 = time.perf_counter()
@@ -108,6 +105,30 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
             "solver_failures": int(np.sum(src.status != 0))}
     return ClSpectra(ell=ell_all[keep], cl=cl, lensed=lensed, T_cmb=T_cmb, timings=timings,
                      info=info)
+
+
+def sampled_spectra(tr, src, A_s, n_s, k_pivot, *, T_cmb: float, l_limber: int,
+                    with_pp: bool, tau_fid=None, tau0_fid=None) -> dict:
+    """{TT, EE, TE [, PP]} at the sampled ℓ from the transfer functions ``tr`` of the sources
+    ``src``: the k integral, and C_ℓ^φφ by Limber above ``l_limber`` (traceable; ``tau_fid``,
+    ``tau0_fid`` as in ``spectra.limber_pp``)."""
+    sampled = cl_from_transfers(tr, A_s, n_s, k_pivot, T_cmb=T_cmb)
+    if with_pp:
+        high = tr.ells[tr.ells > l_limber]
+        if high.size:
+            sampled["PP"] = jnp.concatenate([sampled["PP"], limber_pp(
+                src, high, A_s, n_s, k_pivot, tau_fid=tau_fid, tau0_fid=tau0_fid)])
+    return sampled
+
+
+def every_ell(sampled: dict, ells, l_max: int, names) -> dict:
+    """{name: (l_max - 1,)} C_ℓ at every ℓ = 2..l_max: the cubic spline of ℓ(ℓ+1)C_ℓ through
+    the sampled ℓ (one fixed matrix; traceable)."""
+    f_s = jnp.asarray(ells * (ells + 1.0))
+    ell_all = np.arange(2, int(l_max) + 1)
+    m = jnp.asarray(ell_spline_matrix(ells, int(l_max)))
+    f_all = jnp.asarray(ell_all * (ell_all + 1.0))
+    return {name: (m @ (f_s * sampled[name])) / f_all for name in names}
 
 
 def cl_for_config(config, *, l_max: int | None = None, spectra=None, lensing=None,

@@ -1,0 +1,302 @@
+"""Exact derivatives of the CMB spectra in the cosmological parameters, by forward sensitivities.
+
+``f = ClFunction(config)``; ``f(theta)`` gives the unlensed C_ℓ (TT, EE, TE, PP) and, with
+lensing, the lensed ones (``lensed_TT`` ...) at every ℓ = 2..l_max; ``f.jacobian(theta)`` gives
+them with ∂/∂θ; ``f.dcl()`` the table the CLI writes as dcl.csv. θ are the parameters of
+``boltzmann.theta`` (the same names and meaning as for P(k)).
+
+The derivative is of the whole chain, each arrow traced::
+
+    θ → cosmology → tables (background, thermodynamics, reionisation from τ_reio)
+      → mode rows and initial states at fixed start times;
+        τ, e^{-κ}, g at the source samples; τ0; τ_rec           (``_inputs``)
+      → per group of modes: ``solver.solve_with_tangents`` (the states and their len(θ)
+        tangents at the samples in one joint solve) → the sources and their tangents
+        (the jvp of the source program)                          (``_sources_jvp``)
+      → line of sight, k integral, Limber, ℓ spline, lensing: their jvp, a block of
+        directions at a time                                     (``_spectra_jvp``)
+
+the stages of ``boltzmann.cmb.stage`` with the grids fixed, and the Jacobian of P(k)'s
+structure (``boltzmann.gradients``): inputs with their tangents, the joint solve, the outputs'
+jvp, each a program of its own.
+
+Held fixed (numerical choices made at the fiducial cosmology, as CLASS holds its own grids fixed
+when one differences it): the source wavenumbers and the transfer k grid [1/Mpc]; the source
+samples in ln a (so τ_i, τ0, the trapezoid weights and the Bessel arguments k(τ0 − τ_i) move with
+θ); the maximum of the visibility in ln a (the lensing kernel's τ_rec moves with θ); the sampled
+ℓ and their spline; the start times of the modes; the solver groups and the free-streaming
+switch; the late-source cut (in ln a); the interpolation cells of Limber's integral.
+
+Costs: one C_ℓ evaluation here solves the same modes as ``compute_cl``; the Jacobian runs one
+joint solve with len(θ) directions per chunk of modes and len(θ) tangent passes of the line of
+sight, whose ℓ × k × τ sums dominate on a CPU (docs/cmb.md, Gradients).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from solver import solve, solve_with_tangents
+from solver.backends.registry import resolve_backend
+
+from .. import modes
+from ..perturbations import mode_inputs
+from ..runtime import require_float64
+from ..tables import tables_one
+from ..theta import ParameterMap, available_parameters, one
+from .bessel import BesselTable
+from .lensing import L_EXTRA, lensed_spectra
+from .line_of_sight import transfer_functions
+from .sampling import ClSampling, multipoles, transfer_wavenumbers
+from .sources import (CHUNK, SourceGrid, error_weights, evaluate_sources, source_background,
+                      source_plan, source_program)
+from .stage import L_LATE, L_LIMBER, check_request, every_ell, sampled_spectra
+
+__all__ = ["ClFunction", "LOG_SPECTRA"]
+
+#: spectra whose derivative is written as ∂ln D_ℓ/∂θ (the others, which cross zero: ∂D_ℓ/∂θ)
+LOG_SPECTRA = ("TT", "EE", "PP", "lensed_TT", "lensed_EE", "lensed_BB")
+#: the Bessel table reaches this much beyond the fiducial k_max τ0, so that τ0 may move
+X_MARGIN = 1.02
+
+
+class ClFunction:
+    """θ ↦ {TT, EE, TE, PP: (l_max − 1,) unlensed C_ℓ (μK², PP dimensionless); with lensing also
+    lensed_TT, lensed_EE, lensed_TE, lensed_BB} at ℓ = 2..l_max, for one config.
+
+    Options: ``parameters`` (default: every one of ``theta.PARAMETERS`` the cosmology has),
+    ``l_max``, ``spectra``, ``lensing`` (default: the config's output block, as
+    ``cl_for_config``), ``sampling`` (ClSampling), ``backend`` ("jax", "cuda", "auto"),
+    ``direction_block``: tangent directions per pass of the line of sight (memory against
+    passes), ``sensitivity_error_control`` (as for P(k), docs/gradients.md).
+    """
+
+    def __init__(self, config, *, parameters: Sequence[str] | None = None, l_max=None,
+                 spectra=None, lensing=None, sampling: ClSampling = ClSampling(),
+                 backend="jax", direction_block: int = 2, max_steps: int = 200_000,
+                 sensitivity_error_control: bool = True):
+        require_float64()
+        out = config.output
+        self.l_out = int(getattr(out, "l_max", 2500) if l_max is None else l_max)
+        self.spectra = tuple(getattr(out, "cl", ()) or ("TT", "EE", "TE", "PP")) \
+            if spectra is None else tuple(spectra)
+        self.lensing = bool(getattr(out, "lensing", False)) if lensing is None else bool(lensing)
+        check_request(self.l_out, self.spectra, self.lensing)
+        if parameters is None:
+            parameters = available_parameters(config.cosmology)
+        self._map = ParameterMap(config.cosmology, parameters)
+        self.parameters = self._map.names
+        self.theta0 = self._map.theta0
+        self.de_at_lambda = self._map.de_at_lambda
+        cosmo, prec = self._map.cosmo0, config.precision
+        self.model = modes.model_for(cosmo, prec, de_at_lambda=self.de_at_lambda)
+        self.grid = modes.make_grid(prec)
+        self.backend = backend
+        self.rtol, self.atol = min(sampling.rtol, prec.rtol), prec.atol
+        self.max_steps = int(max_steps)
+        self.sensitivity_error_control = bool(sensitivity_error_control)
+        self.direction_block = max(1, int(direction_block))
+        self.l_max = self.l_out + (L_EXTRA if self.lensing else 0)
+        self.with_pp = "PP" in self.spectra
+        self.T_cmb = float(cosmo.T_cmb)
+        self.names = tuple(n for n in ("TT", "EE", "TE", "PP") if n in self.spectra
+                           or self.lensing)
+
+        # the grids, from the fiducial cosmology (module docstring: held fixed)
+        table = jax.jit(lambda th: self._tables(th)[1])(self.theta0)
+        plan = source_plan(table[0], one(cosmo), prec, self.model, self.grid, self.l_max,
+                           sampling=sampling, lensing_modes=self.with_pp)
+        self.plan = plan
+        self.ells = multipoles(self.l_max, sampling)
+        self.k_transfer = transfer_wavenumbers(plan.k[:plan.n_cmb], plan.tau0_fid, sampling)
+        self.bessel = BesselTable.cached(
+            self.ells, X_MARGIN * float(self.k_transfer[-1] * plan.tau0_fid) + 1.0)
+        self._bessel_rows = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj))
+        self.l_limber = min(L_LIMBER, self.l_max)
+        one_launch = resolve_backend(backend).name == "cuda"
+        self._chunks = []          # (mode indices, padded to the chunk size, photons controlled)
+        for group, controlled in plan.groups():
+            size = max(group.size, 1) if one_launch else CHUNK
+            for c in range(0, group.size, size):
+                idx = group[c:c + size]
+                self._chunks.append((idx, np.concatenate([idx, np.full(size - idx.size,
+                                                                        idx[-1])]), controlled))
+        self._program = source_program(self.model)
+        self._jit_inputs = jax.jit(self._inputs)
+        self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)
+        self._jit_sources = jax.jit(self._sources)
+        self._jit_sources_jvp = jax.jit(self._sources_jvp, static_argnames="controlled")
+        self._jit_spectra = jax.jit(self._spectra)
+        self._jit_spectra_jvp = jax.jit(self._spectra_jvp)
+
+    # -- the stages
+    def _tables(self, theta):
+        cosmo = one(self._map.cosmology(theta))
+        table, _ = jax.vmap(lambda c: tables_one(c, self.grid, self.model))(cosmo)
+        return cosmo, table
+
+    def _inputs(self, theta):
+        """θ → (table (1, …), rows (K, P), y0 (K, n), background at the samples, primordial)."""
+        cosmo, table = self._tables(theta)
+        rows, y0 = mode_inputs(table, cosmo, self.plan.k[None], self.plan.x0, self.model,
+                               self.grid)
+        bg = source_background(self.model, table[0], self.grid, self.plan)
+        prim = {name: getattr(cosmo, name)[0] for name in ("A_s", "n_s", "k_pivot")}
+        return table, rows, y0, bg, prim
+
+    def _inputs_and_tangents(self, theta):
+        """(inputs, their tangents with the direction axis first)."""
+        inputs = self._inputs(theta)
+        tangents = jax.jacfwd(self._inputs)(theta)
+        return inputs, jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, -1, 0), tangents)
+
+    def _sources(self, ys, rows, table, bg, streaming):
+        return evaluate_sources(self._program, ys, self.plan.x, rows, table, bg, streaming)
+
+    def _sources_jvp(self, table, rows, y0, x0, bg, streaming, dtable, drows, dy0, dbg, *,
+                     controlled: bool):
+        """One chunk of modes: the joint solve and the sources' jvp, (sources, tangents (m, …))."""
+        ys, dys = solve_with_tangents(
+            self.model.rhs, y0, self.plan.x, rows, dy0=dy0, dparams=drows, dargs=dtable,
+            args=table, t0=x0, rtol=self.rtol, atol=self.atol,
+            error_weights=error_weights(self.model, controlled), max_steps=self.max_steps,
+            backend=self.backend, sensitivity_error_control=self.sensitivity_error_control)
+
+        def tangent(dy, dr, dt, db):
+            return jax.jvp(lambda a, b, c, d: self._sources(a, b, c, d, streaming),
+                           (ys, rows, table, bg), (dy, dr, dt, db))
+
+        values, tangents = jax.vmap(tangent, out_axes=(None, 0))(dys, drows, dtable, dbg)
+        return values, tangents
+
+    def _spectra(self, srcs, bg, prim, bessel_rows):
+        """Sources (five (K, S) arrays) → the outputs (class docstring), traceable;
+        ``bessel_rows``: the Bessel table's (j, dj), arguments of the program rather than
+        constants compiled into it (hundreds of MB)."""
+        plan = self.plan
+        table = dataclasses.replace(self.bessel, j=bessel_rows[0], dj=bessel_rows[1])
+        src = SourceGrid(k=plan.k, tau=bg["tau"], x=plan.x, tau0=bg["tau0"],
+                         tau_rec=bg["tau_rec"], t0=srcs[0], t1=srcs[1], t2=srcs[2], e=srcs[3],
+                         phi=srcs[4], status=None, n_accepted=None, n_cmb=plan.n_cmb)
+        tr = transfer_functions(src, self.ells, self.k_transfer, table, l_late=L_LATE,
+                                l_limber=self.l_limber)
+        sampled = sampled_spectra(tr, src, prim["A_s"], prim["n_s"], prim["k_pivot"],
+                                  T_cmb=self.T_cmb, l_limber=self.l_limber,
+                                  with_pp=self.with_pp, tau_fid=plan.tau_fid,
+                                  tau0_fid=plan.tau0_fid)
+        cl = every_ell(sampled, self.ells, self.l_max, self.names)
+        n = self.l_out - 1
+        out = {name: cl[name][:n] for name in self.names if name in self.spectra}
+        if self.lensing:
+            lensed = lensed_spectra(np.arange(2, self.l_max + 1), cl, self.l_out)
+            out.update({f"lensed_{name}": v for name, v in lensed.items()})
+        return out
+
+    def _spectra_jvp(self, srcs, bg, prim, dsrcs, dbg, dprim, bessel_rows):
+        """(outputs, ∂outputs with the direction axis last), ``direction_block`` directions per
+        pass (``lax.map`` over blocks bounds the memory of the line of sight's tangents)."""
+        spectra = functools.partial(self._spectra, bessel_rows=bessel_rows)
+        values = spectra(srcs, bg, prim)
+        tangents = (dsrcs, dbg, dprim)
+        m = jax.tree_util.tree_leaves(tangents)[0].shape[0]
+        b = min(self.direction_block, m)
+        n_blocks = -(-m // b)
+        pad = n_blocks * b - m
+
+        def blocked(t):
+            t = jnp.concatenate([t, jnp.zeros((pad,) + t.shape[1:], t.dtype)]) if pad else t
+            return t.reshape((n_blocks, b) + t.shape[1:])
+
+        def block(tb):
+            return jax.vmap(lambda s, g, p: jax.jvp(spectra, (srcs, bg, prim),
+                                                    (s, g, p))[1])(*tb)
+
+        out = jax.lax.map(block, jax.tree_util.tree_map(blocked, tangents))
+        jac = jax.tree_util.tree_map(
+            lambda t: jnp.moveaxis(t.reshape((n_blocks * b,) + t.shape[2:])[:m], 0, -1), out)
+        return values, jac
+
+    # -- the public calls
+    def _theta(self, theta):
+        return self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
+
+    def _scatter(self, pieces):
+        """Chunks' (five (c, …) arrays) → five (K, …) arrays in mode order."""
+        order = np.concatenate([idx for idx, _, _ in self._chunks])
+        inverse = np.empty(order.size, np.int64)
+        inverse[order] = np.arange(order.size)
+        return tuple(jnp.concatenate(parts)[jnp.asarray(inverse)] for parts in zip(*pieces))
+
+    def __call__(self, theta=None) -> dict:
+        """The outputs at θ (default: the fiducial); raises RuntimeError naming the modes whose
+        solve failed."""
+        table, rows, y0, bg, prim = self._jit_inputs(self._theta(theta))
+        pieces, failed = [], []
+        weights = {c: error_weights(self.model, c) for c in (True, False)}
+        for idx, pad, controlled in self._chunks:
+            sol = solve(self.model.rhs, y0[pad], self.plan.x, rows[pad], args=table,
+                        t0=self.plan.x0[pad], rtol=self.rtol, atol=self.atol,
+                        error_weights=weights[controlled], backend=self.backend,
+                        max_steps=self.max_steps)
+            status = np.asarray(sol.status)[:idx.size]
+            failed += [float(self.plan.k[i]) for i in idx[status != 0]]
+            srcs = self._jit_sources(sol.ys, rows[pad], table, bg, self.plan.streaming[pad])
+            pieces.append(tuple(s[:idx.size] for s in srcs))
+        _raise_failures(failed)
+        return self._jit_spectra(self._scatter(pieces), bg, prim, self._bessel_rows)
+
+    def jacobian(self, theta=None) -> tuple[dict, dict]:
+        """(values, jac): jac[name] has the output's shape + (len(θ),). On the JAX backend the
+        values come from the joint solves (the steps that also control the tangents)."""
+        (table, rows, y0, bg, prim), (dtable, drows, dy0, dbg, dprim) = \
+            self._jit_inputs_jvp(self._theta(theta))
+        pieces, tangents = [], []
+        for idx, pad, controlled in self._chunks:
+            srcs, dsrcs = self._jit_sources_jvp(
+                table, rows[pad], y0[pad], self.plan.x0[pad], bg, self.plan.streaming[pad],
+                dtable, drows[:, pad], dy0[:, pad], dbg, controlled=controlled)
+            pieces.append(tuple(s[:idx.size] for s in srcs))
+            tangents.append(tuple(jnp.moveaxis(d[:, :idx.size], 0, 1) for d in dsrcs))
+        srcs = self._scatter(pieces)
+        dsrcs = tuple(jnp.moveaxis(d, 1, 0) for d in self._scatter(tangents))
+        values, jac = self._jit_spectra_jvp(srcs, bg, prim, dsrcs, dbg, dprim,
+                                            self._bessel_rows)
+        bad = [name for name in values if not (np.all(np.isfinite(np.asarray(values[name])))
+                                               and np.all(np.isfinite(np.asarray(jac[name]))))]
+        if bad:
+            raise RuntimeError(f"C_ℓ gradients: {', '.join(bad)} not finite: a mode's "
+                               "sensitivity solve failed (raise max_steps or loosen rtol)")
+        return values, jac
+
+    def dcl(self, theta=None) -> dict:
+        """The dcl.csv table: ell (L,), parameters, theta, D_ℓ per output (TT, EE, TE, BB as
+        ℓ(ℓ+1)C_ℓ/2π [μK²], PP as [ℓ(ℓ+1)]²C_ℓ/2π), and ``derivative[name]`` (L, n_θ):
+        ∂ln D_ℓ/∂θ for ``LOG_SPECTRA``, ∂D_ℓ/∂θ [μK²] for TE; with the wall time."""
+        t0 = time.perf_counter()
+        values, jac = self.jacobian(theta)
+        ell = np.arange(2, self.l_out + 1, dtype=np.float64)
+        f = ell * (ell + 1.0) / (2.0 * math.pi)
+        d_ell, derivative = {}, {}
+        for name, v in values.items():
+            scale = f * ell * (ell + 1.0) if name == "PP" else f
+            d_ell[name] = scale * np.asarray(v)
+            dj = np.asarray(jac[name]) * scale[:, None]
+            derivative[name] = dj / d_ell[name][:, None] if name in LOG_SPECTRA else dj
+        return {"ell": ell, "parameters": self.parameters,
+                "theta": np.asarray(self._theta(theta)), "D_ell": d_ell,
+                "derivative": derivative, "seconds": time.perf_counter() - t0}
+
+
+def _raise_failures(k_failed) -> None:
+    if k_failed:
+        raise RuntimeError("C_ℓ: the solve failed for the modes at k = "
+                           + ", ".join(f"{k:.4g}" for k in k_failed[:10])
+                           + (" ..." if len(k_failed) > 10 else "") + " 1/Mpc")
+
