@@ -6,9 +6,13 @@ warm: compiled programs, CUDA kernel and the Bessel table kept) and prints a Mar
 the stage times of every run (tables = the rest of the call: background, thermodynamics, model
 table). ``--class`` also times CLASS (classy) on the same request at its default precision, so
 that the two can be compared on one machine; ``--out DIR`` writes ``bench_cl.json``.
+``--gradients`` times ``boltzmann.cmb.ClFunction`` instead: its value and its Jacobian in the
+``--parameters``, each ``--runs`` times (first and warm), and their ratio.
 
     python scripts/bench_cl.py --config configs/planck_cl.yaml --runs 3 --class
     python scripts/bench_cl.py --backend cuda --runs 4 --out OUT
+    python scripts/bench_cl.py --gradients --parameters h omega_cdm tau_reio --l-max 60 \
+        --lensing off --coarser 2 --runs 2
 """
 from __future__ import annotations
 
@@ -48,6 +52,26 @@ def time_ours(config, backend: str, runs: int) -> list[dict]:
     return rows
 
 
+def time_gradients(config, backend, runs: int, parameters, sampling) -> dict:
+    """First and warm wall times of ``ClFunction``'s value and Jacobian calls."""
+    import jax
+
+    from boltzmann.cmb.gradients import ClFunction
+
+    t0 = time.perf_counter()
+    f = ClFunction(config, parameters=parameters, sampling=sampling, backend=backend)
+    out = {"setup_s": time.perf_counter() - t0, "parameters": list(f.parameters),
+           "modes": int(f.plan.k.size), "samples": int(f.plan.x.size), "value_s": [],
+           "jacobian_s": []}
+    for key, call in (("value_s", f), ("jacobian_s", f.jacobian)):
+        for i in range(runs):
+            t0 = time.perf_counter()
+            jax.block_until_ready(call())
+            out[key].append(time.perf_counter() - t0)
+            print(f"{key[:-2]} {i + 1}: {out[key][-1]:.3f} s", flush=True)
+    return out
+
+
 def time_class(config, runs: int) -> list[float]:
     from classy import Class
 
@@ -77,6 +101,15 @@ def main(argv=None):
     parser.add_argument("--class", dest="with_class", action="store_true",
                         help="also time CLASS (classy) on the same request")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--gradients", action="store_true",
+                        help="time ClFunction's value and Jacobian instead")
+    parser.add_argument("--parameters", nargs="+", default=None,
+                        help="(--gradients) parameters (default: all the cosmology has)")
+    parser.add_argument("--l-max", type=int, default=None, help="override output.l_max")
+    parser.add_argument("--lensing", choices=("on", "off"), default=None,
+                        help="override output.lensing")
+    parser.add_argument("--coarser", type=float, default=1.0,
+                        help="ClSampling().coarser(FACTOR) (1: the default sampling)")
     args = parser.parse_args(argv)
 
     from boltzmann import runtime
@@ -86,9 +119,22 @@ def main(argv=None):
     if not getattr(config.output, "cl", None):
         parser.error(f"{args.config} asks for no C_l (output.cl): use a C_l config such as "
                      "configs/planck_cl.yaml")
+    out = {}
+    if args.l_max is not None:
+        out["l_max"] = args.l_max
+    if args.lensing is not None:
+        out["lensing"] = args.lensing == "on"
+    if out:
+        import dataclasses
+
+        config = dataclasses.replace(config, output=dataclasses.replace(config.output, **out))
     settings = runtime.Settings.from_environment()     # float64, the persistent cache, as the CLI
     runtime.configure(settings)
     backend = runtime.backend_for(args.backend, settings)
+    if args.gradients:
+        return _gradients_report(args, config, backend)
+    if args.coarser != 1.0:
+        parser.error("--coarser applies to --gradients only")
     rows = time_ours(config, backend, args.runs)
     result = {"config": args.config, "backend": args.backend, "device": device_name(),
               "host": platform.node(), "date": datetime.date.today().isoformat(),
@@ -110,6 +156,31 @@ def main(argv=None):
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_cl.json").write_text(json.dumps(result, indent=1, default=str))
+
+
+def _gradients_report(args, config, backend) -> None:
+    from boltzmann.cmb.sampling import ClSampling
+
+    sampling = ClSampling() if args.coarser == 1.0 else ClSampling().coarser(args.coarser)
+    g = time_gradients(config, backend, args.runs, args.parameters, sampling)
+    result = {"config": args.config, "backend": args.backend, "device": device_name(),
+              "host": platform.node(), "date": datetime.date.today().isoformat(),
+              "l_max": int(config.output.l_max), "lensing": bool(config.output.lensing),
+              "coarser": args.coarser, "gradients": g}
+    warm_v = min(g["value_s"][1:] or g["value_s"])
+    warm_j = min(g["jacobian_s"][1:] or g["jacobian_s"])
+    print(f"\n{args.config}, backend {args.backend} on {result['device']}, {result['date']}: "
+          f"l_max = {result['l_max']}, lensing = {result['lensing']}, sampling coarser "
+          f"{args.coarser:g}, {g['modes']} modes, {g['samples']} samples, parameters "
+          f"{', '.join(g['parameters'])}\n")
+    print("| value first / warm [s] | Jacobian first / warm [s] | Jacobian / value |")
+    print("|---|---|---|")
+    print(f"| {g['value_s'][0]:.2f} / {warm_v:.2f} | {g['jacobian_s'][0]:.2f} / {warm_j:.2f} | "
+          f"{warm_j / warm_v:.2f} |")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_cl_gradients.json").write_text(json.dumps(result, indent=1,
+                                                                     default=str))
 
 
 if __name__ == "__main__":

@@ -45,3 +45,27 @@ def test_table_and_json(bench, tmp_path, monkeypatch, capsys):
     assert "| 2 | 2.00 | 0.25 |" in out
     data = json.loads((tmp_path / "bench_cl.json").read_text())
     assert data["l_max"] == 2500 and data["lensing"] is True and len(data["runs"]) == 2
+
+
+def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "configure", lambda settings: None)
+    seen = {}
+
+    def fake(config, backend, runs, parameters, sampling):
+        seen.update(l_max=config.output.l_max, lensing=config.output.lensing,
+                    parameters=parameters, step=sampling.q_step)
+        return {"setup_s": 1.0, "parameters": parameters, "modes": 90, "samples": 400,
+                "value_s": [40.0, 4.0], "jacobian_s": [300.0, 50.0]}
+
+    monkeypatch.setattr(bench, "time_gradients", fake)
+    bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--gradients",
+                "--parameters", "h", "tau_reio", "--l-max", "60", "--lensing", "off",
+                "--coarser", "2", "--runs", "2", "--backend", "jax", "--out", str(tmp_path)])
+    assert seen == {"l_max": 60, "lensing": False, "parameters": ["h", "tau_reio"],
+                    "step": 0.25}
+    out = capsys.readouterr().out
+    assert "| 40.00 / 4.00 | 300.00 / 50.00 | 12.50 |" in out
+    data = json.loads((tmp_path / "bench_cl_gradients.json").read_text())
+    assert data["gradients"]["modes"] == 90 and data["coarser"] == 2.0
+    with pytest.raises(SystemExit):
+        bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--coarser", "2"])

@@ -3,12 +3,13 @@ of the same function: the grids are held fixed (the fiducial cosmology's), so th
 see only the cosmology. The issue's bar: each parameter's derivatives within 1e-3 of its largest
 |∂ln D_ℓ/∂θ| (over ℓ and spectra; TE as ∂D_ℓ/∂θ relative to √(TT·EE)).
 
-Default: configs/planck_cl.yaml's cosmology with configs/lcdm_reduced.yaml's short hierarchies,
+``-m slow`` (compiling the joint solve alone takes minutes on the 2-core CPU): first,
+configs/planck_cl.yaml's cosmology with configs/lcdm_reduced.yaml's short hierarchies,
 unlensed TT, EE, TE, PP to ℓ = 60 on a coarsened sampling with every mode in one solver group
 (compiling the joint solve is most of the test's time), three parameters that enter through
 different stages (h: distances and the Bessel arguments; omega_cdm: the perturbations; tau_reio:
-reionisation in the thermodynamics). ``-m slow``: the lensed spectra to ℓ = 300 and more
-parameters (docs/cmb.md, Gradients).
+reionisation in the thermodynamics); second, the lensed spectra to ℓ = 300 (docs/cmb.md,
+Gradients). The default suite checks the refusals of bad requests.
 """
 from __future__ import annotations
 
@@ -55,7 +56,22 @@ def _fd_errors(f, values, jac, rel_step=1e-3):
     return out
 
 
+def test_bad_requests_are_refused_before_any_work():
+    config = _config("planck_cl.yaml", cl=("TT", "EE", "TE", "PP"), l_max=60, lensing=False)
+    with pytest.raises(ValueError, match="l_max = 10: supported range"):
+        ClFunction(config, l_max=10)
+    with pytest.raises(ValueError, match="add PP to output.cl"):
+        ClFunction(config, spectra=("TT", "EE"), lensing=True)
+    with pytest.raises(Exception, match="no massive neutrino species"):
+        ClFunction(config, parameters=("h", "m_ncdm"))
+    with pytest.raises(Exception, match="unknown parameter 'omega_x'"):
+        ClFunction(config, parameters=("omega_x",))
+
+
+@pytest.mark.slow
 def test_cl_jacobian_matches_finite_differences():
+    """~5.5 min on the 2-core CPU, most of it compiling (docs/benchmarks.md, CMB spectra): too
+    long for the default suite's 20-minute budget, so under ``-m slow``."""
     config = dataclasses.replace(
         _config("planck_cl.yaml", cl=("TT", "EE", "TE", "PP"), l_max=60, lensing=False),
         precision=load_config(CONFIGS / "lcdm_reduced.yaml").precision)

@@ -105,7 +105,6 @@ class ClFunction:
         self.direction_block = max(1, int(direction_block))
         self.l_max = self.l_out + (L_EXTRA if self.lensing else 0)
         self.with_pp = "PP" in self.spectra
-        self.T_cmb = float(cosmo.T_cmb)
         self.names = tuple(n for n in ("TT", "EE", "TE", "PP") if n in self.spectra
                            or self.lensing)
 
@@ -143,12 +142,13 @@ class ClFunction:
         return cosmo, table
 
     def _inputs(self, theta):
-        """θ → (table (1, …), rows (K, P), y0 (K, n), background at the samples, primordial)."""
+        """θ → (table (1, …), rows (K, P), y0 (K, n), background at the samples, {A_s, n_s,
+        k_pivot, T_cmb})."""
         cosmo, table = self._tables(theta)
         rows, y0 = mode_inputs(table, cosmo, self.plan.k[None], self.plan.x0, self.model,
                                self.grid)
         bg = source_background(self.model, table[0], self.grid, self.plan)
-        prim = {name: getattr(cosmo, name)[0] for name in ("A_s", "n_s", "k_pivot")}
+        prim = {name: getattr(cosmo, name)[0] for name in ("A_s", "n_s", "k_pivot", "T_cmb")}
         return table, rows, y0, bg, prim
 
     def _inputs_and_tangents(self, theta):
@@ -188,7 +188,7 @@ class ClFunction:
         tr = transfer_functions(src, self.ells, self.k_transfer, table, l_late=L_LATE,
                                 l_limber=self.l_limber)
         sampled = sampled_spectra(tr, src, prim["A_s"], prim["n_s"], prim["k_pivot"],
-                                  T_cmb=self.T_cmb, l_limber=self.l_limber,
+                                  T_cmb=prim["T_cmb"], l_limber=self.l_limber,
                                   with_pp=self.with_pp, tau_fid=plan.tau_fid,
                                   tau0_fid=plan.tau0_fid)
         cl = every_ell(sampled, self.ells, self.l_max, self.names)
