@@ -44,7 +44,8 @@ from .. import modes
 from .sampling import ClSampling, lensing_wavenumbers, source_times, source_wavenumbers
 
 __all__ = ["SourceGrid", "SourcePlan", "compute_sources", "source_plan", "source_background",
-           "source_program", "evaluate_sources", "error_weights", "transmission_and_visibility", "PHOTON_CONTROL"]
+           "source_program", "evaluate_sources", "error_weights", "transmission_and_visibility",
+           "PHOTON_CONTROL"]
 
 #: photon states kept in error control by the modes below ``ClSampling.k_photon_control``
 PHOTON_CONTROL = ("F_g_0", "F_g_1", "F_g_2", "G_g_0", "G_g_1", "G_g_2")
