@@ -44,7 +44,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from solver import solve, solve_with_tangents
-from solver.backends.registry import resolve_backend
 
 from .. import modes
 from ..perturbations import mode_inputs
@@ -55,7 +54,7 @@ from .bessel import BesselTable
 from .lensing import L_EXTRA, lensed_spectra
 from .line_of_sight import transfer_functions
 from .sampling import ClSampling, multipoles, transfer_wavenumbers
-from .sources import (CHUNK, SourceGrid, error_weights, evaluate_sources, source_background,
+from .sources import (SourceGrid, error_weights, evaluate_sources, source_background,
                       source_plan, source_program)
 from .stage import L_LATE, L_LIMBER, check_request, every_ell, sampled_spectra
 
@@ -119,14 +118,8 @@ class ClFunction:
             self.ells, X_MARGIN * float(self.k_transfer[-1] * plan.tau0_fid) + 1.0)
         self._bessel_rows = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj))
         self.l_limber = min(L_LIMBER, self.l_max)
-        one_launch = resolve_backend(backend).name == "cuda"
-        self._chunks = []          # (mode indices, padded to the chunk size, photons controlled)
-        for group, controlled in plan.groups():
-            size = max(group.size, 1) if one_launch else CHUNK
-            for c in range(0, group.size, size):
-                idx = group[c:c + size]
-                self._chunks.append((idx, np.concatenate([idx, np.full(size - idx.size,
-                                                                        idx[-1])]), controlled))
+        #: the solver calls: (mode indices, padded to the chunk size, photons controlled)
+        self._chunks = plan.chunks(backend)
         self._program = source_program(self.model)
         self._jit_inputs = jax.jit(self._inputs)
         self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)

@@ -183,6 +183,20 @@ class SourcePlan:
         """(mode indices, photons in error control) of the two solver groups."""
         return ((np.nonzero(self.low)[0], True), (np.nonzero(~self.low)[0], False))
 
+    def chunks(self, backend) -> list:
+        """[(mode indices, the same padded to the chunk size by repeating the last, photons in
+        error control)]: the solver calls. The JAX backend takes ``CHUNK`` modes a call (one
+        compiled size); the CUDA backend a whole group a launch (a thread per mode)."""
+        one_launch = resolve_backend(backend).name == "cuda"
+        out = []
+        for group, controlled in self.groups():
+            size = max(group.size, 1) if one_launch else CHUNK
+            for c in range(0, group.size, size):
+                idx = group[c:c + size]
+                out.append((idx, np.concatenate([idx, np.full(size - idx.size, idx[-1])]),
+                            controlled))
+        return out
+
 
 def source_plan(table_row, cosmos, precision, model, grid, l_max: int, *,
                 sampling: ClSampling = ClSampling(), lensing_modes: bool = False) -> SourcePlan:
@@ -254,24 +268,19 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
     rows = np.asarray(modes.mode_rows(model, cosmos, k[None, :], grid))
     x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
 
-    one_launch = resolve_backend(backend).name == "cuda"
     solved, order = [], []       # states stay where the solver put them (the GPU): no copy
     status = np.empty(k.size, int)
     n_acc = np.empty(k.size, int)
-    for group, controlled in plan.groups():
-        weights = error_weights(model, controlled)
-        chunk = max(group.size, 1) if one_launch else CHUNK
-        for c in range(0, group.size, chunk):
-            idx = group[c:c + chunk]
-            pad = np.concatenate([idx, np.full(chunk - idx.size, idx[-1])])
-            sol = solve(model.rhs, y0[pad], x, rows[pad], args=tables.model_table, t0=x0[pad],
-                        rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
-                        error_weights=weights, backend=backend, max_steps=int(max_steps))
-            m = idx.size
-            solved.append(sol.ys[:m])
-            order.append(idx)
-            status[idx] = np.asarray(sol.status)[:m]
-            n_acc[idx] = np.asarray(sol.n_accepted)[:m]
+    for idx, pad, controlled in plan.chunks(backend):
+        sol = solve(model.rhs, y0[pad], x, rows[pad], args=tables.model_table, t0=x0[pad],
+                    rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
+                    error_weights=error_weights(model, controlled), backend=backend,
+                    max_steps=int(max_steps))
+        m = idx.size
+        solved.append(sol.ys[:m])
+        order.append(idx)
+        status[idx] = np.asarray(sol.status)[:m]
+        n_acc[idx] = np.asarray(sol.n_accepted)[:m]
 
     bg = source_background(model, table_row, grid, plan)
     inverse = np.empty(k.size, np.int64)
