@@ -125,8 +125,10 @@ class CudaBackend(Backend):
                    self.module_dir)
 
     def _sens_host(self, *a, **kw):
-        run = sensitivity_emulated if self.emulated else solve_sensitivities
-        return run(*a, module_dir=self.module_dir, **kw)
+        if self.emulated:
+            return sensitivity_emulated(*a, module_dir=self.module_dir, **kw)
+        return solve_sensitivities(*a, module_dir=self.module_dir,
+                                   kernel_cache=self.kernel_cache, **kw)
 
     def solve_ys(self, spec, y0, params, args, ts, t0, te):
         """The plain kernel as a host callback."""

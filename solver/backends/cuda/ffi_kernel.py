@@ -26,7 +26,8 @@ from .kernel_cache import cache_key, key_components
 from .toolchain import THREADS_PER_BLOCK, CudaBackendUnavailable, kernel_attr
 
 __all__ = ["layout", "expected_param_count", "ptx_entry_param_sizes", "kernel_image",
-           "compile_result", "RegisteredKernel", "compile_and_register"]
+           "compile_result", "RegisteredKernel", "KernelImage", "obtain_image",
+           "compile_and_register"]
 
 
 # Inputs of the custom call, in order (then the leaves of ``args``), and its outputs.
@@ -199,37 +200,46 @@ def compile_result(disp, example):
                                  "call: " + "; ".join(errors))
 
 
-def compile_and_register(plan, kernel_args, example, in_ranks, out_ranks, layout_codes, *,
-                         library, kernel_cache=None, stats=None,
-                         module_dir=None) -> RegisteredKernel:
-    """The kernel's image registered with ``library`` (an ``FfiLibrary``): from ``kernel_cache``
-    when it holds a valid entry for this key (no compile: ``plan.kernel()`` is never called),
-    else compiled (numba-cuda-mlir + Enzyme + nvJitLink), checked, registered and stored.
-    ``stats`` (a dict) accumulates ``kernels_registered`` and ``compile_seconds``."""
-    stats = {} if stats is None else stats
-    expected = expected_param_count(layout_codes, in_ranks, out_ranks)
-    key_hex, cache_state = None, "disabled"
+class KernelImage:
+    """A kernel's image and what is known of it: from the on-disk cache (``from_cache``;
+    ``dispatcher`` None, ``compile_s`` 0, ``load_s`` the read time, ``cached_compile_s`` what the
+    original compile took) or compiled in this process.  ``cache``: "hit", "stored", "miss"
+    (compiled, not stored), "disabled" or "unavailable" (as :class:`RegisteredKernel`)."""
+
+    def __init__(self, image, func_name, *, compile_s=0.0, dispatcher=None, from_cache=False,
+                 load_s=0.0, cached_compile_s=None, cache="disabled", cache_key=None,
+                 local_mem=None, regs=None):
+        self.image, self.func_name = image, func_name
+        self.compile_s, self.dispatcher = compile_s, dispatcher
+        self.from_cache, self.load_s, self.cached_compile_s = from_cache, load_s, cached_compile_s
+        self.cache, self.cache_key = cache, cache_key
+        self.local_mem, self.regs = local_mem, regs
+
+
+def obtain_image(plan, kernel_args, example, n_params, layout_codes=None, *, kernel_cache=None,
+                 module_dir=None, entry=None) -> KernelImage:
+    """The kernel's image: from ``kernel_cache`` when it holds a valid entry for this key (no
+    compile: ``plan.kernel()`` is never called), else compiled (numba-cuda-mlir + Enzyme +
+    nvJitLink), its parameter list checked against ``n_params`` eight-byte parameters, and
+    stored.  ``entry``: which of the plan's kernels (``kernel_cache.key_components``)."""
+    key_hex, cache_state, comps = None, "disabled", None
     if kernel_cache is not None:
-        comps = key_components(plan, kernel_args, example)
+        comps = key_components(plan, kernel_args, example, entry=entry)
         if comps is None:
             cache_state = "unavailable"
         else:
             key_hex = cache_key(comps)
             t_start = time.perf_counter()
-            hit = kernel_cache.load(key_hex, layout_codes, expected)
+            hit = kernel_cache.load(key_hex, layout_codes, n_params)
             if hit is not None:
                 image, meta = hit
-                key = library.register_kernel(image, meta["func_name"])
-                _count(stats, "kernels_registered", 1)
                 load_s = time.perf_counter() - t_start
                 kernel_cache.stats["hits"] += 1
                 kernel_cache.stats["load_seconds"] += load_s
-                return RegisteredKernel(key, layout_codes, meta["func_name"], len(image), 0.0,
-                                        expected, plan, None, from_cache=True, load_s=load_s,
-                                        cached_compile_s=meta.get("compile_seconds"),
-                                        cache="hit", cache_key=key_hex,
-                                        local_mem=meta.get("local_mem_per_thread"),
-                                        regs=meta.get("regs_per_thread"))
+                return KernelImage(image, meta["func_name"], from_cache=True, load_s=load_s,
+                                   cached_compile_s=meta.get("compile_seconds"), cache="hit",
+                                   cache_key=key_hex, local_mem=meta.get("local_mem_per_thread"),
+                                   regs=meta.get("regs_per_thread"))
             kernel_cache.stats["misses"] += 1
             cache_state = "miss"
     t_start = time.perf_counter()  # binding (Enzyme jvp objects) + compile + link
@@ -243,30 +253,47 @@ def compile_and_register(plan, kernel_args, example, in_ranks, out_ranks, layout
         ptx_check = "entry not found" if sizes is None else \
             ("unreadable" if -1 in sizes else "ok")
         if sizes is not None and -1 not in sizes and \
-                (len(sizes) != expected or any(s != 8 for s in sizes)):
+                (len(sizes) != n_params or any(s != 8 for s in sizes)):
             raise CudaBackendUnavailable(
                 f"kernel {func_name}: its PTX entry has {len(sizes)} parameters of sizes {sizes} "
-                f"bytes, the FFI layout packs {expected} parameters of 8 bytes for "
+                f"bytes, the launch packs {n_params} parameters of 8 bytes for "
                 f"{tuple(kernel_args)} (arrays as allocated, aligned, offset, sizes, strides). "
-                "numba-cuda-mlir's argument lowering differs from what the XLA FFI launch "
-                "assumes.")
-    key = library.register_kernel(image, func_name)
-    _count(stats, "kernels_registered", 1)
-    _count(stats, "compile_seconds", compile_s)
+                "numba-cuda-mlir's argument lowering differs from what the launch assumes.")
     local_mem = kernel_attr(disp, "get_local_mem_per_thread")
     regs = kernel_attr(disp, "get_regs_per_thread")
     if key_hex is not None:
-        meta = {"func_name": func_name, "layout": [int(v) for v in np.asarray(layout_codes)],
-                "n_params": int(expected), "compile_seconds": compile_s,
+        codes = None if layout_codes is None else [int(v) for v in np.asarray(layout_codes)]
+        meta = {"func_name": func_name, "layout": codes,
+                "n_params": int(n_params), "compile_seconds": compile_s,
                 "local_mem_per_thread": local_mem, "regs_per_thread": regs,
                 "ptx_param_check": ptx_check, "kernel_args": list(kernel_args),
                 "versions": {k: v for k, v in comps.items() if k != "source"}}
         if kernel_cache.store(key_hex, image, meta) is not None:
             kernel_cache.stats["stores"] += 1
             cache_state = "stored"
-    return RegisteredKernel(key, layout_codes, func_name, len(image), compile_s, expected, plan,
-                            disp, cache=cache_state, cache_key=key_hex, local_mem=local_mem,
-                            regs=regs)
+    return KernelImage(image, func_name, compile_s=compile_s, dispatcher=disp,
+                       cache=cache_state, cache_key=key_hex, local_mem=local_mem, regs=regs)
+
+
+def compile_and_register(plan, kernel_args, example, in_ranks, out_ranks, layout_codes, *,
+                         library, kernel_cache=None, stats=None,
+                         module_dir=None) -> RegisteredKernel:
+    """The kernel's image (:func:`obtain_image`: cached or compiled) registered with
+    ``library`` (an ``FfiLibrary``).  ``stats`` (a dict) accumulates ``kernels_registered`` and
+    ``compile_seconds``."""
+    stats = {} if stats is None else stats
+    expected = expected_param_count(layout_codes, in_ranks, out_ranks)
+    img = obtain_image(plan, kernel_args, example, expected, layout_codes,
+                       kernel_cache=kernel_cache, module_dir=module_dir)
+    key = library.register_kernel(img.image, img.func_name)
+    _count(stats, "kernels_registered", 1)
+    if not img.from_cache:
+        _count(stats, "compile_seconds", img.compile_s)
+    return RegisteredKernel(key, layout_codes, img.func_name, len(img.image), img.compile_s,
+                            expected, plan, img.dispatcher, from_cache=img.from_cache,
+                            load_s=img.load_s, cached_compile_s=img.cached_compile_s,
+                            cache=img.cache, cache_key=img.cache_key, local_mem=img.local_mem,
+                            regs=img.regs)
 
 
 def _count(stats, name, amount):

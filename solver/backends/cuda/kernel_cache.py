@@ -96,18 +96,20 @@ def arg_types(kernel_args, example) -> str:
     return ";".join(parts)
 
 
-def key_components(plan, kernel_args, example) -> dict | None:
+def key_components(plan, kernel_args, example, entry: str | None = None) -> dict | None:
     """Everything the linked cubin depends on; None when the cache cannot be used (no compute
-    capability, or a device function whose globals/closure cannot be pinned down)."""
+    capability, or a device function whose globals/closure cannot be pinned down).  ``plan``: a
+    plain ``Plan`` or a ``SensPlan`` (its device functions are its plain plan's); ``entry``: the
+    kernel's name in the plan's module (default the plain kernel's)."""
     cc = compute_capability()
     if cc is None:
         return None
     try:
-        device_code = device_code_digest(plan)
+        device_code = device_code_digest(getattr(plan, "plain", plan))
     except Unfingerprintable:
         return None
     return {"format": CACHE_FORMAT, "source": plan.source, "device_code": device_code,
-            "entry": f"{KERNEL_MODULE_TAG}:{KERNEL_ENTRY}",
+            "entry": f"{KERNEL_MODULE_TAG}:{entry or KERNEL_ENTRY}",
             "numba_cuda_mlir": dist_version("numba-cuda-mlir"),
             "numba_enzyme_cuda": dist_version("numba-enzyme-cuda"),
             "numba": dist_version("numba"),

@@ -4,10 +4,14 @@ thread per trajectory (or per (trajectory, direction)), results copied back. The
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 
 from ...method.tableau import RODAS5P
+from .codegen import SENS_KERNEL_ARGS
+from .ffi_kernel import obtain_image
+from .launch_cubin import CubinFunction, DriverError
 from .inputs import check_lookup_p, sens_call_args, sens_inputs, sens_outputs
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
@@ -67,10 +71,14 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                         args=None, rtol=1e-6, atol=1e-9, sensitivity_atol=None,
                         sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
                         error_weights=None, max_steps=100_000, first_step=None, controller=None,
-                        tableau=RODAS5P, module_dir=None):
+                        tableau=RODAS5P, module_dir=None, kernel_cache=None):
     """Forward sensitivities on the GPU: one thread per (trajectory, direction), N·m threads,
     thread g = i·m + d (a trajectory's directions share a warp: same tables row and parameters,
-    and without sensitivity error control identical step sequences, so no divergence)."""
+    and without sensitivity error control identical step sequences, so no divergence).
+
+    With a ``kernel_cache`` (``KernelCache``) the kernel's image comes from it -- compiled and
+    stored on a miss -- and is launched through the driver (``launch_cubin``), so a later process
+    does not compile it again; without one, numba-cuda-mlir compiles and launches it."""
     table_split_of(rhs, args)
     inp = sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
@@ -80,30 +88,74 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                            max_steps=max_steps, controller=controller, tableau=tableau)
     check_plan_split(plan.plain, rhs, inp, args)
     check_lookup_p(plan, rhs, inp, args)
-    kernel = plan.kernel(module_dir)
-    cuda = plan._cuda
     args_h = np.zeros(1) if args is None else args_array(args)
     host = sens_outputs(inp)
-    dev_in = sens_call_args(inp, args_h, host)
-    dev = [cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in dev_in]
-    dev[-2], dev[-1] = np.int64(inp["N"]), np.int64(inp["m"])
+    dev_in = list(sens_call_args(inp, args_h, host))
+    dev_in[-2], dev_in[-1] = np.int64(inp["N"]), np.int64(inp["m"])
     threads = inp["N"] * inp["m"]
     blocks = (threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
     first = plan.compile_s is None
+    if kernel_cache is not None:
+        launch, info = _cached_launch(plan, dev_in, kernel_cache, module_dir)
+    else:
+        kernel = plan.kernel(module_dir)
+        launch = kernel[blocks, THREADS_PER_BLOCK]
+        info = _numba_info(kernel, first)
+    cuda = cuda_modules()[0]
+    dev = [cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in dev_in]
     t_launch = time.perf_counter()
-    kernel[blocks, THREADS_PER_BLOCK](*dev)
+    try:
+        launch(*dev)
+    except DriverError as exc:  # refused before launching (e.g. a parameter-layout mismatch)
+        warnings.warn(f"the cached sensitivity kernel could not be launched ({exc}); compiling "
+                      "it with numba-cuda-mlir instead", RuntimeWarning, stacklevel=2)
+        kernel = plan.kernel(module_dir)
+        info.update(_numba_info(kernel, True))
+        kernel[blocks, THREADS_PER_BLOCK](*dev)
     cuda.synchronize()
     elapsed = time.perf_counter() - t_launch
     if first:
-        plan.compile_s = elapsed
+        plan.compile_s = elapsed if kernel_cache is None else info["compile_seconds"]
     names = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
     res = {k: dev[16 + j].copy_to_host() for j, k in enumerate(names)}
-    info = {"kernel_seconds": elapsed, "first_call_includes_compile": first, "threads": threads,
-            "directions": inp["m"], "kernel_module": plan.module_path,
-            "local_mem_per_thread": kernel_attr(kernel, "get_local_mem_per_thread"),
-            "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
+    info.update({"kernel_seconds": elapsed, "threads": threads, "directions": inp["m"],
+                 "kernel_module": plan.module_path})
     return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
                                res["n_accepted"], res["n_rejected"], "cuda", info)
+
+
+def _numba_info(kernel, first):
+    return {"kernel_cache": "disabled", "launch": "numba", "first_call_includes_compile": first,
+            "local_mem_per_thread": kernel_attr(kernel, "get_local_mem_per_thread"),
+            "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
+
+
+def _cached_launch(plan, example, kernel_cache, module_dir):
+    """(launch(*device_args), info): the sensitivity kernel's image from ``kernel_cache`` (or
+    compiled and stored), loaded once per plan and launched through the driver."""
+    n_params = sum(3 + 2 * x.ndim if isinstance(x, np.ndarray) else 1 for x in example)
+    cached = getattr(plan, "cubin", None)
+    if cached is None:
+        img = obtain_image(plan, SENS_KERNEL_ARGS, example, n_params,
+                           kernel_cache=kernel_cache, module_dir=module_dir,
+                           entry="sens_kernel")
+        plan.cubin = cached = (img, CubinFunction(img.image, img.func_name))
+        first = True
+    else:
+        first = False
+    img, fn = cached
+    N, m = int(example[-2]), int(example[-1])
+    threads = N * m
+    blocks = (threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    info = {"launch": "cubin", "kernel_cache": img.cache, "kernel_cache_key": img.cache_key,
+            "kernel_from_cache": img.from_cache,
+            "first_call_includes_compile": first and img.dispatcher is not None,
+            "compile_seconds": img.compile_s if first else 0.0,
+            "kernel_load_seconds": img.load_s if first else 0.0,
+            "cached_compile_seconds": img.cached_compile_s, "kernel_entry": img.func_name,
+            "cubin_bytes": len(img.image), "local_mem_per_thread": img.local_mem,
+            "regs_per_thread": img.regs}
+    return (lambda *dev: fn.launch(blocks, THREADS_PER_BLOCK, dev)), info
 
 
 solve_sensitivities.__doc__ += SENS_DOC_ARGS

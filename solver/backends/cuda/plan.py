@@ -169,6 +169,7 @@ class SensPlan:
         self.compile_s = None
         self.module_path = None
         self.lookup_p = None   # p columns the table lookup depends on (inputs.check_lookup_p)
+        self.cubin = None      # (KernelImage, CubinFunction) once launched from a kernel cache
 
     def module(self, tag: str, directory=None):
         mod, self.module_path = load_module(self.source, "rodas_sens_kernel", tag, id(self),

@@ -1,0 +1,154 @@
+"""Launching a cached kernel image through the CUDA driver, on numba-cuda-mlir's device arrays.
+
+The sensitivity kernel is launched from the host (a ``jax.pure_callback``), not through the XLA
+FFI handler.  numba-cuda-mlir's own launch compiles the kernel in every new process (minutes for
+the EB model), so when the backend has a kernel cache the image is taken from it
+(``ffi_kernel.obtain_image``: compiled and stored on a miss) and launched here with
+``cuLaunchKernel`` (ctypes, ``libcuda.so.1``) in the context numba's arrays live in.
+
+Parameters are packed exactly as numba-cuda-mlir's launcher packs them (``ffi_kernel``'s module
+docstring): an array of rank r is 3 + 2r eight-byte parameters (allocated pointer, aligned
+pointer, offset, sizes, strides in elements), a float a double, an integer an int64.  Where the
+driver can say (``cuFuncGetParamInfo``), the count and sizes are checked before the launch.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from .toolchain import CudaBackendUnavailable
+
+__all__ = ["CubinFunction", "pack_parameters", "DriverError"]
+
+
+class DriverError(RuntimeError):
+    """A CUDA driver call failed (the message names the call and the driver's error)."""
+
+
+_DRIVER = None
+_LOCK = threading.Lock()
+
+
+def _driver():
+    global _DRIVER
+    if _DRIVER is None:
+        try:
+            _DRIVER = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise CudaBackendUnavailable(f"the CUDA driver (libcuda.so.1) cannot be loaded: "
+                                         f"{exc}") from exc
+    return _DRIVER
+
+
+def _check(rc: int, call: str) -> None:
+    if rc == 0:
+        return
+    name = ctypes.c_char_p()
+    text = ctypes.c_char_p()
+    drv = _driver()
+    drv.cuGetErrorName(rc, ctypes.byref(name))
+    drv.cuGetErrorString(rc, ctypes.byref(text))
+    raise DriverError(f"{call} failed: {(name.value or b'?').decode()} ({rc}): "
+                      f"{(text.value or b'').decode()}")
+
+
+def _current_context() -> ctypes.c_void_p:
+    """The calling thread's current context, else device 0's primary context (the one numba's
+    and JAX's arrays live in)."""
+    drv = _driver()
+    ctx = ctypes.c_void_p()
+    _check(drv.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if ctx.value:
+        return ctx
+    _check(drv.cuInit(0), "cuInit")
+    dev = ctypes.c_int()
+    _check(drv.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    _check(drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
+
+
+def pack_parameters(values) -> list:
+    """ctypes values, one per kernel parameter, for the kernel arguments ``values`` in order:
+    device arrays (anything with ``__cuda_array_interface__``) expand to
+    ``data, data, 0, shape..., strides/itemsize...``; floats become doubles, integers int64."""
+    out = []
+    for v in values:
+        cai = getattr(v, "__cuda_array_interface__", None)
+        if cai is not None:
+            ptr = int(cai["data"][0])
+            shape = tuple(int(s) for s in cai["shape"])
+            itemsize = np.dtype(cai["typestr"]).itemsize
+            strides = cai.get("strides")
+            if strides is None:  # C-contiguous
+                strides, acc = [], itemsize
+                for s in reversed(shape):
+                    strides.insert(0, acc)
+                    acc *= max(s, 1)
+            out += [ctypes.c_uint64(ptr), ctypes.c_uint64(ptr), ctypes.c_int64(0)]
+            out += [ctypes.c_int64(s) for s in shape]
+            out += [ctypes.c_int64(int(s) // itemsize) for s in strides]
+        elif isinstance(v, (bool, np.bool_)):
+            raise TypeError("a boolean kernel argument has no fixed parameter layout")
+        elif isinstance(v, (int, np.integer)):
+            out.append(ctypes.c_int64(int(v)))
+        elif isinstance(v, (float, np.floating)):
+            out.append(ctypes.c_double(float(v)))
+        else:
+            raise TypeError(f"cannot pass a {type(v).__name__} to a cached kernel image "
+                            "(device arrays, floats and integers only)")
+    return out
+
+
+class CubinFunction:
+    """One kernel image (cubin or NUL-terminated PTX) and its entry, loaded into each context
+    it is launched in."""
+
+    def __init__(self, image: bytes, func_name: str):
+        self.image, self.func_name = bytes(image), str(func_name)
+        self._loaded: dict = {}   # context handle -> (module, function, param sizes or None)
+
+    def _function(self, ctx):
+        key = int(ctx.value)
+        with _LOCK:
+            got = self._loaded.get(key)
+            if got is not None:
+                return got
+            drv = _driver()
+            module, function = ctypes.c_void_p(), ctypes.c_void_p()
+            _check(drv.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(self.image)),
+                   "cuModuleLoadData")
+            _check(drv.cuModuleGetFunction(ctypes.byref(function), module,
+                                           self.func_name.encode()),
+                   f"cuModuleGetFunction({self.func_name!r})")
+            sizes = None
+            if hasattr(drv, "cuFuncGetParamInfo"):
+                sizes = []
+                off, size = ctypes.c_size_t(), ctypes.c_size_t()
+                while len(sizes) < 65536 and drv.cuFuncGetParamInfo(
+                        function, ctypes.c_size_t(len(sizes)), ctypes.byref(off),
+                        ctypes.byref(size)) == 0:
+                    sizes.append(int(size.value))
+                sizes = sizes or None
+            got = self._loaded[key] = (module, function, sizes)
+            return got
+
+    def launch(self, blocks: int, threads: int, args) -> None:
+        """Launch on the legacy default stream (where numba's copies run) and wait for it."""
+        drv = _driver()
+        ctx = _current_context()
+        _, function, sizes = self._function(ctx)
+        params = pack_parameters(args)
+        if sizes is not None and (len(sizes) != len(params) or any(s != 8 for s in sizes)):
+            raise DriverError(
+                f"kernel {self.func_name}: the driver reports {len(sizes)} parameters of sizes "
+                f"{sorted(set(sizes))} bytes; the arguments pack into {len(params)} of 8 bytes")
+        ptrs = (ctypes.c_void_p * max(len(params), 1))(
+            *[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
+        _check(drv.cuLaunchKernel(function, ctypes.c_uint(blocks), ctypes.c_uint(1),
+                                  ctypes.c_uint(1), ctypes.c_uint(threads), ctypes.c_uint(1),
+                                  ctypes.c_uint(1), ctypes.c_uint(0), ctypes.c_void_p(0), ptrs,
+                                  ctypes.c_void_p(0)), "cuLaunchKernel")
+        _check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
