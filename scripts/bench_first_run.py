@@ -44,9 +44,10 @@ def run_once(args, cache_dir: Path, out_dir: Path) -> dict:
     wall = time.perf_counter() - t
     peak = float(rss_file.read_text()) if rss_file.is_file() else None
     summary = out_dir / "summary.json"
-    sigma8 = json.loads(summary.read_text())["sigma8"] if summary.is_file() else None
+    record = json.loads(summary.read_text()) if summary.is_file() else {}
     return {"wall_s": wall, "max_rss_mb": None if peak is None else peak / 1024.0,
-            "rc": proc.returncode, "sigma8": sigma8,
+            "rc": proc.returncode, "sigma8": record.get("sigma8"),
+            "stages_s": record.get("timings_s"), "solver_stats": record.get("solver_stats"),
             "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:]}
 
 
@@ -69,7 +70,8 @@ def main(argv=None) -> int:
         row["run"] = i + 1
         rows.append(row)
         print(f"run {i + 1}: {row['wall_s']:.1f} s, peak {row['max_rss_mb'] or float('nan'):.0f} MB,"
-              f" rc {row['rc']}", flush=True)
+              f" rc {row['rc']}; stages [s]: " + ", ".join(
+                  f"{k} {v:.1f}" for k, v in (row["stages_s"] or {}).items()), flush=True)
         if row["rc"] != 0:
             print("\n".join(row["tail"]), flush=True)
             break
