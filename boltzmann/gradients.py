@@ -126,6 +126,7 @@ class PowerSpectrumFunction:
         require_float64()
         self.config = config
         self.backend = backend
+        self.last_stage_seconds = None   # the last jacobian()'s wall seconds per stage
         self.sensitivity_error_control = bool(sensitivity_error_control)
         self._map = ParameterMap(config.cosmology, parameters)
         self.parameters = self._map.names
@@ -326,9 +327,19 @@ class PowerSpectrumFunction:
         they equal ``f(theta)``'s to the solver tolerance, and ∂P/∂θ is exactly consistent with
         them; on the CUDA backend they are the plain solve's."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
-        (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = self._jit_inputs_jvp(theta)
-        ys, dys = self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0)
-        return self._jit_outputs_jvp(theta, ys, rows, table, thermo, dys, drows, dtable, dthermo)
+        t0 = time.perf_counter()
+        (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = jax.block_until_ready(
+            self._jit_inputs_jvp(theta))
+        t1 = time.perf_counter()
+        ys, dys = jax.block_until_ready(self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0))
+        t2 = time.perf_counter()
+        out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, thermo, dys,
+                                                          drows, dtable, dthermo))
+        # wall seconds per stage (the first call's include tracing and compiling): what bounds
+        # a Jacobian, reported by the CLI's summary.json
+        self.last_stage_seconds = {"inputs": t1 - t0, "solve": t2 - t1,
+                                   "outputs": time.perf_counter() - t2}
+        return out
 
     def value(self, theta=None) -> dict:
         """The outputs at θ, as calling the object does."""

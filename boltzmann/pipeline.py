@@ -60,7 +60,12 @@ def derivative_tables(config, result: Result, *, backend="auto", progress=null_p
         "backend": f"{fn.backend_name} (forward sensitivities)",
         "dark_energy_linearised_at_lambda": bool(fn.de_at_lambda),
         "seconds": float(tables["seconds"]),
+        "stage_seconds": fn.last_stage_seconds,
     }
+    launch = getattr(backend, "last_sensitivity_info", None)  # a CudaBackend's last tangents
+    if launch:
+        summary["sensitivity_kernel"] = {k: v for k, v in launch.items() if isinstance(
+            v, (bool, int, float, str, type(None)))}
     if "dlnsigma8" in tables:
         for key in ("dlnsigma8", "dlnsigma8_cb"):
             summary[key] = {f"{z:g}": {n: float(v) for n, v in zip(names, tables[key][iz])}

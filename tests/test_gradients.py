@@ -80,6 +80,10 @@ def test_fiducial_vector_and_names(exact):
     assert theta["h"] == H and theta["w0_fld"] == -1.0 and theta["wa_fld"] == 0.0
     assert theta["ln10^{10}A_s"] == pytest.approx(np.log(21.0))
     assert fn.de_at_lambda   # Λ config: w0/wa derivatives with the fluid linearised about Λ
+    # what the CLI reports as the Jacobian's stages: each timed, together at most the whole
+    stages = fn.last_stage_seconds
+    assert set(stages) == {"inputs", "solve", "outputs"} and min(stages.values()) > 0
+    assert sum(stages.values()) <= d["seconds"]
 
 
 def test_amplitude_and_tilt_are_exact(exact):

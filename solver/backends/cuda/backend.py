@@ -66,6 +66,9 @@ class CudaBackend(Backend):
         self.kernel_cache = KernelCache(work / "cubin") if self.cache_root is not None else None
         self.ffi_library = FfiLibrary(work / "ffi", prebuilt=ffi_library, cxx=cxx)
         self.ffi = FfiLauncher(self.ffi_library, self.kernel_cache, self.module_dir)
+        #: the last sensitivity launch's ``info`` (kernel cache state, compile and kernel
+        #: seconds): the tangents leave through a callback that can return arrays only
+        self.last_sensitivity_info = None
 
     def __repr__(self) -> str:
         return f"CudaBackend(launch={self.launch!r}, cache_root={self.cache_root!r})"
@@ -172,6 +175,7 @@ class CudaBackend(Backend):
                 sensitivity_error_control=spec.sec, t0=t0, t_end=te, sparsity=spec.sparsity,
                 error_weights=spec.weights, max_steps=spec.max_steps,
                 first_step=spec.first_step, controller=spec.ctrl, tableau=spec.tableau)
+            self.last_sensitivity_info = dict(sol.info)
             return sol.dys_or_nan()
 
         return jax.pure_callback(host, jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64), *ops,
