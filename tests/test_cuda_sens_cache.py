@@ -3,7 +3,8 @@
 
 CPU: the driver launch packs parameters as numba-cuda-mlir's launcher does (the layout the XLA
 FFI handler also uses); the sensitivity kernel's cache key names its own entry; a first "process"
-compiles and stores the image, a second loads it without compiling (compile mocked).
+compiles and stores the image, a second loads it without compiling (compile mocked); the value
+inside JAX programs is the FFI launch (whose image the cache also holds), not a host callback.
 
 GPU (``-m gpu``): two fresh processes on one cache directory: the first compiles and stores the
 sensitivity kernel, the second loads it without compiling; both give identical tangents, which
@@ -193,3 +194,48 @@ def test_sensitivity_kernel_second_process_loads_instead_of_compiling(tmp_path):
     for name in ("ys", "dys", "nacc"):
         np.testing.assert_array_equal(results[0][name], results[0]["ref_" + name], err_msg=name)
         np.testing.assert_array_equal(results[1][name], results[0][name], err_msg=name)
+
+
+def test_value_inside_jax_programs_is_the_ffi_launch(monkeypatch):
+    """``solve_diff``'s and ``solve_with_tangents``' value on the CUDA backend goes through the
+    FFI custom call (whose image the kernel cache holds), not a host callback that numba-cuda-mlir
+    would compile in every process; the emulator keeps the callback."""
+    import jax.numpy as jnp
+
+    from solver import CudaBackend
+    from solver.sensitivity.spec import _spec
+
+    monkeypatch.setattr(CudaBackend, "check_sensitivities", lambda self, spec: None)
+    backend = CudaBackend(launch="auto")
+    monkeypatch.setattr(backend, "use_ffi", lambda: True)
+    seen = {}
+
+    def fake_solve_jax(rhs, y0, t_save, params, **kw):
+        seen.update(kw, rhs=rhs)
+        return (jnp.full((y0.shape[0], t_save.shape[1], y0.shape[1]), 7.0),)
+
+    monkeypatch.setattr(backend.ffi, "solve_jax", fake_solve_jax)
+    N, n = 2, 3
+    table = jnp.arange(4.0)
+    spec = _spec(ROBERTSON.rhs, n, 3, table, 1e-6, 1e-9, None, None, True, 1000,
+                 {"backend": backend, "first_step": 1e-6})
+    ts = jnp.tile(jnp.array([0.0, 1.0]), (N, 1))
+    ys = backend.solve_ys(spec, jnp.ones((N, n)), jnp.ones((N, 3)), table, ts, jnp.zeros(N),
+                          jnp.ones(N))
+    assert ys.shape == (N, 2, n) and float(ys[0, 0, 0]) == 7.0
+    assert seen["rhs"] is ROBERTSON.rhs and seen["args"] is table
+    assert seen["rtol"] == 1e-6 and seen["max_steps"] == 1000 and seen["first_step"] == 1e-6
+    np.testing.assert_array_equal(seen["atol"], np.full(n, 1e-9))
+    np.testing.assert_array_equal(seen["error_weights"], np.ones(n))
+    np.testing.assert_array_equal(seen["t_end"], np.ones(N))
+    assert seen["tableau"] is RODAS5P
+    # the emulator (CPU tests) keeps the host callback: a real solve, the FFI never reached
+    emulated = CudaBackend(launch="emulated")
+    monkeypatch.setattr(emulated.ffi, "solve_jax", lambda *a, **k: pytest.fail("FFI used"))
+    spec = _spec(ROBERTSON.rhs, n, 3, None, 1e-6, 1e-10, None, None, True, 1000,
+                 {"backend": emulated})
+    y0 = jnp.tile(jnp.asarray(ROBERTSON.y0), (N, 1))
+    ys = emulated.solve_ys(spec, y0, jnp.tile(jnp.asarray(ROBERTSON.params), (N, 1)), None, ts,
+                           jnp.zeros(N), jnp.ones(N))
+    assert np.all(np.isfinite(ys)) and float(ys[0, 0, 0]) == 1.0
+    assert abs(float(jnp.sum(ys[0, 1])) - 1.0) < 1e-8   # Robertson conserves the total

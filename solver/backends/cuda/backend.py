@@ -9,9 +9,10 @@ How a solve reaches the GPU is the backend's ``launch``:
 * ``"numba"``: numba-cuda-mlir's launch on device arrays (``launch_numba``);
 * ``"emulated"``: the generated kernel text on the CPU (``emulation``; tests, no GPU needed).
 
-Both GPU launches run the same cubin. ``solve_diff``'s value and tangent run as host callbacks
-(``jax.pure_callback``: a numba launch, or the emulator, on copies of the operands), so they work
-eagerly, under ``jit`` and under ``vmap`` (sequentially).
+Both GPU launches run the same cubin. Inside JAX programs (``solve_diff``, ``solve_with_tangents``)
+the value is the FFI custom call where that launch is available, and the tangents run as a host
+callback (``jax.pure_callback``: the sensitivity kernel, or the emulator, on copies of the
+operands), so they work eagerly, under ``jit`` and under ``vmap`` (sequentially).
 """
 from __future__ import annotations
 
@@ -134,10 +135,19 @@ class CudaBackend(Backend):
                                    kernel_cache=self.kernel_cache, **kw)
 
     def solve_ys(self, spec, y0, params, args, ts, t0, te):
-        """The plain kernel as a host callback."""
+        """The plain kernel inside a JAX program: the XLA FFI custom call when ``use_ffi()``
+        (its image from the kernel cache, as for ``solve``), else a host callback (a numba
+        launch, or the emulator)."""
         import jax
         import jax.numpy as jnp
 
+        if not self.emulated and self.use_ffi():
+            table = jax.tree_util.tree_leaves(args)[0] if spec.has_args else None
+            return self.ffi.solve_jax(
+                spec.rhs, y0, ts, params, args=table, rtol=spec.rtol, atol=spec.atol, t0=t0,
+                t_end=te, sparsity=spec.sparsity, error_weights=spec.weights,
+                max_steps=spec.max_steps, first_step=spec.first_step, controller=spec.ctrl,
+                tableau=spec.tableau)[0]
         N, ns = ts.shape
 
         def host(y0, params, tab, ts, t0, te):
