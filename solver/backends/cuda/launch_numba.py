@@ -1,6 +1,8 @@
-"""Launching the CUDA kernels through numba-cuda-mlir: host arrays copied to the device, one
-thread per trajectory (or per (trajectory, direction)), results copied back. The XLA FFI launch
-(``launch_ffi``) runs the same cubin on XLA's stream instead."""
+"""Launching the CUDA kernels from the host: host arrays copied to the device, one thread per
+trajectory (or per (trajectory, direction)), results copied back.  numba-cuda-mlir compiles and
+launches them; the sensitivity kernel, with a kernel cache, is launched from its cached image
+through the driver instead (``launch_cubin``).  The XLA FFI launch (``launch_ffi``) runs the
+plain kernel's cubin on XLA's stream."""
 from __future__ import annotations
 
 import time
@@ -134,7 +136,7 @@ def _cached_launch(plan, example, kernel_cache, module_dir):
     """(launch(*device_args), info): the sensitivity kernel's image from ``kernel_cache`` (or
     compiled and stored), loaded once per plan and launched through the driver."""
     n_params = sum(3 + 2 * x.ndim if isinstance(x, np.ndarray) else 1 for x in example)
-    cached = getattr(plan, "cubin", None)
+    cached = plan.cubin
     if cached is None:
         img = obtain_image(plan, SENS_KERNEL_ARGS, example, n_params,
                            kernel_cache=kernel_cache, module_dir=module_dir,
