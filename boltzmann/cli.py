@@ -169,18 +169,25 @@ def _sigma8(result, name: str, values) -> tuple[dict, list]:
     return out, problems
 
 
+#: what a stage compiles on first use, for the line that says why a first run waits
+_FIRST_USE = {"perturbations": "the perturbation solver",
+              "gradients": "the derivative programs and the sensitivity solver (minutes)",
+              "cmb gradients": "the C_l derivative programs and the sensitivity solver "
+                               "(minutes)"}
+
+
 def _first_use_notes(progress, settings, counter, err_stream, quiet: bool):
-    """``progress``, plus one line when the perturbation stage starts with a cold cache (the
-    tables had to compile): the user learns why the first run waits."""
-    said = []
+    """``progress``, plus one line when a compiling stage starts with a cold cache (something
+    had to compile already): the user learns why the first run waits."""
+    said = set()
 
     def report(stage, done, total):
-        if stage == "perturbations" and done == 0 and not said and not quiet \
+        if stage in _FIRST_USE and done == 0 and stage not in said and not quiet \
                 and (settings.cache_root is None or counter.compiled > 0):
-            said.append(True)
+            said.add(stage)
             where = (f"cached in {settings.cache_root} for later runs"
                      if settings.cache_root is not None else "the cache is off")
-            err_stream.write(f"{PROG}: compiling the perturbation solver (first use of this "
+            err_stream.write(f"{PROG}: compiling {_FIRST_USE[stage]} (first use of this "
                              f"model on this machine; {where})\n")
         progress(stage, done, total)
     return report

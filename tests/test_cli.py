@@ -304,6 +304,28 @@ def test_progress_reporter_plain_and_tty_modes():
     assert quiet.getvalue() == "" and "x" in reporter.timings
 
 
+def test_first_use_lines_say_what_compiles_once_per_stage():
+    """With a cold cache (something compiled already) each compiling stage says, once, what it
+    compiles and where it is kept; with a warm cache (nothing compiled) or --quiet, nothing."""
+    seen = []
+    settings = SimpleNamespace(cache_root=Path("/tmp/cache-root"))
+
+    def run(compiled, quiet=False):
+        err = io.StringIO()
+        report = cli._first_use_notes(lambda *a: seen.append(a), settings,
+                                      SimpleNamespace(compiled=compiled), err, quiet)
+        for stage in ("tables", "perturbations", "perturbations", "gradients", "gradients"):
+            report(stage, 0, 1)
+        report("cmb gradients", 1, 1)   # not at its start: no line
+        return err.getvalue().splitlines()
+
+    cold = run(compiled=3)
+    assert len(cold) == 2 and "the perturbation solver" in cold[0]
+    assert "sensitivity solver" in cold[1] and "/tmp/cache-root" in cold[1]
+    assert run(compiled=0) == [] and run(compiled=3, quiet=True) == []
+    assert len(seen) == 18   # progress itself always passed on
+
+
 def test_script_help_and_clean_failure():
     script = REPO / "scripts" / "transfer.py"
     help_run = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
