@@ -51,7 +51,7 @@ from ..runtime import require_float64
 from ..tables import tables_one
 from ..theta import ParameterMap, available_parameters, one
 from .bessel import BesselTable
-from .lensing import L_EXTRA, lensed_spectra
+from .lensing import input_l_max, lensed_spectra
 from .line_of_sight import transfer_functions
 from .sampling import ClSampling, multipoles, transfer_wavenumbers
 from .sources import (SourceGrid, error_weights, evaluate_sources, source_background,
@@ -102,7 +102,7 @@ class ClFunction:
         self.max_steps = int(max_steps)
         self.sensitivity_error_control = bool(sensitivity_error_control)
         self.direction_block = max(1, int(direction_block))
-        self.l_max = self.l_out + (L_EXTRA if self.lensing else 0)
+        self.l_max = input_l_max(self.l_out) if self.lensing else self.l_out
         self.with_pp = "PP" in self.spectra
         self.names = tuple(n for n in ("TT", "EE", "TE", "PP") if n in self.spectra
                            or self.lensing)

@@ -38,11 +38,24 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import roots_legendre
 
-__all__ = ["lensed_spectra", "wigner_d_start", "L_EXTRA"]
+__all__ = ["lensed_spectra", "wigner_d_start", "L_EXTRA", "input_l_max"]
 
-#: lensed spectra to l_max need the unlensed ones (and φφ) this far beyond it (with 500, lensed TT
-#: was 4e-3 off CLASS at ℓ = 2500; with 1000, 4.6e-4 — docs/cmb.md)
+#: lensed spectra to l_max need the unlensed ones (and φφ) at least this far beyond it (with
+#: 500, lensed TT was 4e-3 off CLASS at ℓ = 2500 — docs/cmb.md, Lensing)
 L_EXTRA = 1000
+
+
+def input_l_max(l_max: int) -> int:
+    """How far the unlensed spectra must reach for lensed ones to ``l_max``: l_max + L_EXTRA,
+    and l_max + 3 l_max/5 where that is more.  Lensed BB sums EE and φφ far beyond ℓ: at
+    ℓ = 2000-2500 it was 2.2e-2 off CLASS's (lensed from input to 4500) with our input to 3500,
+    2.1e-3 with input to 4000 (docs/cmb.md, Lensing)."""
+    l_max = int(l_max)
+    return l_max + max(L_EXTRA, -(-3 * l_max // 5))
+
+#: Gauss-Legendre nodes in cos β beyond the input's l (the integrands are polynomials of degree
+#: up to about 2 l_in in cos β, products of d^ℓ's; measured converged with this margin)
+N_BETA_EXTRA = 1500
 
 #: the (m, m') pairs the correlation functions use (all with m - m' even: d_mm' = d_m'm)
 PAIRS = ((0, 0), (1, 1), (1, -1), (2, 2), (2, -2), (2, 0), (3, 1), (3, -1), (3, -3), (4, 0),
@@ -201,7 +214,7 @@ def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None) -> d
     """Lensed TT, EE, TE, BB [same units as the input] at ℓ = 2..l_max (JAX arrays; traceable
     in the C_ℓ).
 
-    ``ell``: (L,) every ℓ from 2 to at least l_max + L_EXTRA; ``cl``: unlensed C_ℓ of TT, EE,
+    ``ell``: (L,) every ℓ from 2 to at least ``input_l_max(l_max)``; ``cl``: unlensed C_ℓ of TT, EE,
     TE (BB taken as 0) and PP (C_ℓ^φφ) on ``ell``.
     """
     ell = np.asarray(ell, dtype=np.int64)
@@ -212,5 +225,5 @@ def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None) -> d
         raise ValueError(f"lensed_spectra: the unlensed spectra stop at {l_in} < l_max = {l_max}")
     full = lambda v: jnp.concatenate([jnp.zeros(2), jnp.asarray(v, jnp.float64)])  # noqa: E731
     tt, ee, te, pp = (full(cl[n]) for n in ("TT", "EE", "TE", "PP"))
-    n_beta = int(n_beta or int(l_in + 1.5 * L_EXTRA))
+    n_beta = int(n_beta or l_in + N_BETA_EXTRA)
     return _lensed(tt, ee, te, pp, l_max=int(l_max), n_beta=n_beta)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..runtime import require_float64
 from .bessel import BesselTable
-from .lensing import L_EXTRA, lensed_spectra
+from .lensing import input_l_max, lensed_spectra
 from .line_of_sight import transfer_functions
 from .sampling import ClSampling, multipoles, transfer_wavenumbers
 from .sources import compute_sources
@@ -63,7 +63,7 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     check_request(l_max, spectra, lensing)
     l_out = int(l_max)
     if lensing:
-        l_max = l_out + L_EXTRA
+        l_max = input_l_max(l_out)
     timings = {}
     t0 = time.perf_counter()
     src = compute_sources(tables, cosmos, precision, model, int(l_max), sampling=sampling,
