@@ -32,7 +32,9 @@ COLUMNS = {"TT": 1, "EE": 2, "TE": 3, "PP": 4, "TT_lensed": 5, "EE_lensed": 6, "
 #: (generate_cl.py --lensed-input 3500: to ℓ = 4500).  The main reference lenses from input to
 #: 3500, where its own lensed BB above ℓ = 1500 (1.8e-2 at 1500-2000, 11 % at 2000-2500) and TT
 #: above 2000 (2.3e-3) are not converged (docs/cmb.md, Lensing).
-LENSED_REFERENCES = {"lcdm": "tests/data/class_cl_lensed_l3500.csv"}
+LENSED_REFERENCES = {"lcdm": "tests/data/class_cl_lensed_l3500.csv",
+                     "desi_w0wa": "tests/data/class_cl_ppf_desi_lensed_l3500.csv",
+                     "heavy_nu": "tests/data/class_cl_wcdm_heavy_nu_lensed_l3500.csv"}
 
 
 def load_reference(case: str) -> np.ndarray:
