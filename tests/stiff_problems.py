@@ -45,6 +45,16 @@ ROBERTSON = StiffProblem("robertson", robertson_rhs, np.array([1.0, 0.0, 0.0]),
                          np.array([0.04, 3e7, 1e4]), (0.0, 1e5))
 
 
+def robertson_ensemble(N: int, n_save: int, spread: float = 0.2, seed: int = 0):
+    """(y0 (N, 3), t_save (n_save + 1,), params (N, 3)): Robertson with rates spread by
+    ±spread/2 around the standard ones, saved at 0 and n_save log-spaced times to 1e5 (the
+    child processes of the kernel-cache tests)."""
+    rng = np.random.default_rng(seed)
+    params = ROBERTSON.params[None, :] * (1.0 + spread * (rng.random((N, 3)) - 0.5))
+    ts = np.concatenate([[0.0], np.logspace(-4, 5, n_save)])
+    return np.tile(ROBERTSON.y0, (N, 1)), ts, params
+
+
 def van_der_pol_rhs(y, t, p):
     """van der Pol oscillator y'' = mu (1 - y^2) y' - y; p = (mu,). Stiff for mu >> 1.
 

@@ -687,12 +687,9 @@ import json, sys
 import jax, numpy as np
 jax.config.update("jax_enable_x64", True)
 from solver import CudaBackend, solve
-from stiff_problems import ROBERTSON
-N = 8
-ts = np.concatenate([[0.0], np.logspace(-4, 5, 10)])
-rng = np.random.default_rng(0)
-params = ROBERTSON.params[None, :] * (1.0 + 0.2 * (rng.random((N, 3)) - 0.5))
-sol = solve(ROBERTSON.rhs, np.tile(ROBERTSON.y0, (N, 1)), ts, params, rtol=1e-6, atol=1e-12,
+from stiff_problems import ROBERTSON, robertson_ensemble
+y0, ts, params = robertson_ensemble(8, 10)
+sol = solve(ROBERTSON.rhs, y0, ts, params, rtol=1e-6, atol=1e-12,
             backend=CudaBackend(launch="ffi", cache_root=sys.argv[2]))
 np.savez(sys.argv[1], ys=np.asarray(sol.ys), t=np.asarray(sol.t_final), st=sol.status,
          nacc=sol.n_accepted, nrej=sol.n_rejected)

@@ -144,14 +144,11 @@ import jax, numpy as np
 jax.config.update("jax_enable_x64", True)
 from solver.backends.cuda.kernel_cache import KernelCache
 from solver.backends.cuda.launch_numba import solve_sensitivities
-from stiff_problems import ROBERTSON
+from stiff_problems import ROBERTSON, robertson_ensemble
 N = 4
-ts = np.concatenate([[0.0], np.logspace(-4, 5, 8)])
-rng = np.random.default_rng(0)
-params = ROBERTSON.params[None, :] * (1.0 + 0.2 * (rng.random((N, 3)) - 0.5))
+y0, ts, params = robertson_ensemble(N, 8)
 dp = np.broadcast_to(np.eye(3)[:, None, :], (3, N, 3)) * params[None]
 kw = dict(dparams=dp, rtol=1e-6, atol=1e-12)
-y0 = np.tile(ROBERTSON.y0, (N, 1))
 sol = solve_sensitivities(ROBERTSON.rhs, y0, ts, params,
                           kernel_cache=KernelCache(sys.argv[2]), **kw)
 out = dict(ys=sol.ys, dys=sol.dys, st=sol.status, nacc=sol.n_accepted)
