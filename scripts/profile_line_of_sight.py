@@ -1,0 +1,74 @@
+#!/usr/bin/env python
+"""Where the line of sight's time goes: configs/planck_cl.yaml's sources for a lensed run to
+ℓ = 2500 (unlensed input to ``lensing.input_l_max(2500)``), then each part of
+``line_of_sight.transfer_functions`` timed alone, waiting for its arrays: the spline of the sources
+onto the transfer k grid, the ℓ ≤ l_late group (every τ, with φ) and the ℓ > l_late group (τ up
+to z = 30).
+
+    python scripts/profile_line_of_sight.py [--backend jax] [--repeat 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from boltzmann import modes, runtime
+from boltzmann.cmb import line_of_sight as los
+from boltzmann.cmb.bessel import BesselTable
+from boltzmann.cmb.lensing import input_l_max
+from boltzmann.cmb.sampling import ClSampling, multipoles, transfer_wavenumbers
+from boltzmann.cmb.sources import compute_sources
+from boltzmann.ensemble import stack_cosmologies
+from boltzmann.params import load_config
+from boltzmann.tables import compute_tables
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="jax", choices=("jax", "cuda", "auto"))
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--l-late", type=int, default=400)
+    args = parser.parse_args(argv)
+    runtime.configure(runtime.Settings.from_environment())
+    cfg = load_config(REPO / "configs" / "planck_cl.yaml")
+    cosmos = stack_cosmologies([cfg.cosmology])
+    model = modes.model_for(cfg.cosmology, cfg.precision)
+    tables = compute_tables(cosmos, modes.make_grid(cfg.precision), model)
+    l_max, sampling = input_l_max(2500), ClSampling()
+    src = compute_sources(tables, cosmos, cfg.precision, model, l_max, sampling=sampling,
+                          lensing_modes=True, backend=args.backend)
+    ells = multipoles(l_max, sampling)
+    k = transfer_wavenumbers(src.k[:src.n_cmb], src.tau0, sampling)
+    table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
+    tau = jnp.asarray(src.tau)
+    low, high = np.nonzero(ells <= args.l_late)[0], np.nonzero(ells > args.l_late)[0]
+    n_cut = int(np.searchsorted(np.asarray(src.x), -np.log(31.0))) + 1
+    print(f"{ells.size} multipoles to {l_max}, {k.size} transfer k, {tau.size} times "
+          f"({n_cut} before z = 30)")
+    print("| run | sources onto k | ℓ ≤ l_late (every τ, with φ) | ℓ > l_late (τ to z = 30) |")
+    print("|---|---|---|---|")
+    for run in range(args.repeat):
+        t0 = time.perf_counter()
+        fine = jax.block_until_ready(los.fine_sources(src, k))
+        t1 = time.perf_counter()
+        x = jnp.asarray(k)[:, None] * (src.tau0 - tau)[None, :]
+        jax.block_until_ready(los._integrate(table, low, x, los.trapezoid(tau), fine, True))
+        t2 = time.perf_counter()
+        cut = {name: v[:, :n_cut] for name, v in fine.items()}
+        jax.block_until_ready(los._integrate(table, high, x[:, :n_cut],
+                                             los.trapezoid(tau[:n_cut]), cut, False))
+        t3 = time.perf_counter()
+        print(f"| {run + 1} | {t1 - t0:.2f} s | {t2 - t1:.2f} s ({low.size} ℓ) | "
+              f"{t3 - t2:.2f} s ({high.size} ℓ) |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
