@@ -136,10 +136,7 @@ def main(argv=None):
     if args.coarser != 1.0:
         parser.error("--coarser applies to --gradients only")
     rows = time_ours(config, backend, args.runs)
-    result = {"config": args.config, "backend": args.backend, "device": device_name(),
-              "host": platform.node(), "date": datetime.date.today().isoformat(),
-              "l_max": int(config.output.l_max), "lensing": bool(config.output.lensing),
-              "runs": rows}
+    result = dict(_header(args, config), runs=rows)
     print(f"\n{args.config}, backend {args.backend} on {result['device']}, "
           f"{result['date']}: l_max = {result['l_max']}, lensing = {result['lensing']}\n")
     print("| run | total [s] | " + " | ".join(STAGES) + " |")
@@ -158,15 +155,19 @@ def main(argv=None):
         (args.out / "bench_cl.json").write_text(json.dumps(result, indent=1, default=str))
 
 
+def _header(args, config) -> dict:
+    """What every bench_cl.json starts with: the request, the machine and the date."""
+    return {"config": args.config, "backend": args.backend, "device": device_name(),
+            "host": platform.node(), "date": datetime.date.today().isoformat(),
+            "l_max": int(config.output.l_max), "lensing": bool(config.output.lensing)}
+
+
 def _gradients_report(args, config, backend) -> None:
     from boltzmann.cmb.sampling import ClSampling
 
     sampling = ClSampling() if args.coarser == 1.0 else ClSampling().coarser(args.coarser)
     g = time_gradients(config, backend, args.runs, args.parameters, sampling)
-    result = {"config": args.config, "backend": args.backend, "device": device_name(),
-              "host": platform.node(), "date": datetime.date.today().isoformat(),
-              "l_max": int(config.output.l_max), "lensing": bool(config.output.lensing),
-              "coarser": args.coarser, "gradients": g}
+    result = dict(_header(args, config), coarser=args.coarser, gradients=g)
     warm_v = min(g["value_s"][1:] or g["value_s"])
     warm_j = min(g["jacobian_s"][1:] or g["jacobian_s"])
     print(f"\n{args.config}, backend {args.backend} on {result['device']}, {result['date']}: "

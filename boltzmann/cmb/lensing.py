@@ -53,6 +53,7 @@ def input_l_max(l_max: int) -> int:
     l_max = int(l_max)
     return l_max + max(L_EXTRA, -(-3 * l_max // 5))
 
+
 #: Gauss-Legendre nodes in cos β beyond the input's l (the integrands are polynomials of degree
 #: up to about 2 l_in in cos β, products of d^ℓ's; measured converged with this margin)
 N_BETA_EXTRA = 1500
@@ -214,8 +215,8 @@ def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None) -> d
     """Lensed TT, EE, TE, BB [same units as the input] at ℓ = 2..l_max (JAX arrays; traceable
     in the C_ℓ).
 
-    ``ell``: (L,) every ℓ from 2 to at least ``input_l_max(l_max)``; ``cl``: unlensed C_ℓ of TT, EE,
-    TE (BB taken as 0) and PP (C_ℓ^φφ) on ``ell``.
+    ``ell``: (L,) every ℓ from 2 to at least ``input_l_max(l_max)``; ``cl``: unlensed C_ℓ of
+    TT, EE, TE (BB taken as 0) and PP (C_ℓ^φφ) on ``ell``.
     """
     ell = np.asarray(ell, dtype=np.int64)
     if ell[0] != 2 or np.any(np.diff(ell) != 1):

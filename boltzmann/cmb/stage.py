@@ -9,7 +9,7 @@
    and in the persistent cache);
 3. ``line_of_sight.transfer_functions`` — Δ_ℓ^T, Δ_ℓ^E, Δ_ℓ^φ on the fine k grid;
 4. ``spectra.cl_from_transfers`` (+ ``limber_pp``) and the ℓ spline to every ℓ ≤ l_max;
-5. with ``lensing``: the unlensed spectra to l_max + lensing.L_EXTRA, then
+5. with ``lensing``: the unlensed spectra to ``lensing.input_l_max(l_max)``, then
    ``lensing.lensed_spectra`` (all-sky correlation functions) to l_max.
 
 ``cl_for_config(config)`` runs stage 1 (tables) and this stage for a config's cosmology.

@@ -20,7 +20,7 @@ import numpy as np
 
 from .toolchain import CudaBackendUnavailable
 
-__all__ = ["CubinFunction", "pack_parameters", "DriverError"]
+__all__ = ["CubinFunction", "pack_parameters", "parameter_count", "DriverError"]
 
 
 class DriverError(RuntimeError):
@@ -68,6 +68,18 @@ def _current_context() -> ctypes.c_void_p:
     _check(drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
     _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return ctx
+
+
+def parameter_count(values) -> int:
+    """How many kernel parameters ``values`` pack into (``pack_parameters``), for host or device
+    arrays alike: 3 + 2·rank per array, one per scalar."""
+    count = 0
+    for v in values:
+        cai = getattr(v, "__cuda_array_interface__", None)
+        rank = len(cai["shape"]) if cai is not None else (
+            v.ndim if isinstance(v, np.ndarray) else None)
+        count += 1 if rank is None else 3 + 2 * rank
+    return count
 
 
 def pack_parameters(values) -> list:

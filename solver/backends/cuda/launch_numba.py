@@ -13,7 +13,7 @@ import numpy as np
 from ...method.tableau import RODAS5P
 from .codegen import SENS_KERNEL_ARGS
 from .ffi_kernel import obtain_image
-from .launch_cubin import CubinFunction, DriverError
+from .launch_cubin import CubinFunction, DriverError, parameter_count
 from .inputs import check_lookup_p, sens_call_args, sens_inputs, sens_outputs
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
@@ -135,10 +135,9 @@ def _numba_info(kernel, first):
 def _cached_launch(plan, example, kernel_cache, module_dir):
     """(launch(*device_args), info): the sensitivity kernel's image from ``kernel_cache`` (or
     compiled and stored), loaded once per plan and launched through the driver."""
-    n_params = sum(3 + 2 * x.ndim if isinstance(x, np.ndarray) else 1 for x in example)
     cached = plan.cubin
     if cached is None:
-        img = obtain_image(plan, SENS_KERNEL_ARGS, example, n_params,
+        img = obtain_image(plan, SENS_KERNEL_ARGS, example, parameter_count(example),
                            kernel_cache=kernel_cache, module_dir=module_dir,
                            entry="sens_kernel")
         plan.cubin = cached = (img, CubinFunction(img.image, img.func_name))
