@@ -41,14 +41,14 @@ from scipy.special import roots_legendre
 __all__ = ["lensed_spectra", "wigner_d_start", "L_EXTRA", "input_l_max"]
 
 #: lensed spectra to l_max need the unlensed ones (and φφ) at least this far beyond it (with
-#: 500, lensed TT was 4e-3 off CLASS at ℓ = 2500 — docs/cmb.md, Lensing)
+#: 500 extra multipoles lensed TT is 4e-3 off CLASS at ℓ = 2500 — docs/cmb.md, Lensing)
 L_EXTRA = 1000
 
 
 def input_l_max(l_max: int) -> int:
     """How far the unlensed spectra must reach for lensed ones to ``l_max``: l_max + L_EXTRA,
     and l_max + 3 l_max/5 where that is more.  Lensed BB sums EE and φφ far beyond ℓ: at
-    ℓ = 2000-2500 it was 2.2e-2 off CLASS's (lensed from input to 4500) with our input to 3500,
+    ℓ = 2000-2500 it is 2.2e-2 off CLASS's (lensed from input to 4500) with our input to 3500,
     2.1e-3 with input to 4000 (docs/cmb.md, Lensing)."""
     l_max = int(l_max)
     return l_max + max(L_EXTRA, -(-3 * l_max // 5))
