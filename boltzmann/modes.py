@@ -35,7 +35,8 @@ from . import constants as const
 from . import ncdm as ncdm_mod
 
 __all__ = ["Grid", "make_grid", "model_for", "mode_rows", "initial_states", "initial_states_at",
-           "error_weights", "UNCONTROLLED", "save_times", "check_start_times", "sigma8_grid",
+           "error_weights", "UNCONTROLLED", "BARYON_STATES", "save_times", "check_start_times",
+           "sigma8_grid",
            "SIGMA8_K_RANGE_H", "SIGMA8_K_PER_DECADE"]
 
 #: extra e-folds the tables extend beyond a = 1 (Hermite cells need both end nodes)
@@ -190,15 +191,24 @@ def check_start_times(x0, grid: Grid, x_save, precision) -> None:
 #: wa (2 - a) that vanish at Λ: the states do not depend on it, only their w0/wa sensitivities
 #: do, and resolving its c_s² = 1 sound waves multiplies the steps at high k (docs/gradients.md).
 UNCONTROLLED = ("F_g_", "G_g_", "F_ur_", "Psi_", "delta_de_", "theta_de_")
+#: the baryon states, whose error weight is the precision key ``baryon_error_weight``
+BARYON_STATES = ("delta_b", "theta_b")
 
 
-def error_weights(model) -> np.ndarray:
-    """1 for the metric/matter/fluid variables, 0 for the hierarchies and the Λ-linearised fluid
-    (module docstring and UNCONTROLLED)."""
+def error_weights(model, baryon_weight: float = 1.0) -> np.ndarray:
+    """1 for the metric, CDM and fluid variables, ``baryon_weight`` for δ_b and θ_b, 0 for the
+    hierarchies and the Λ-linearised fluid (module docstring and UNCONTROLLED).
+
+    ``baryon_weight`` < 1 holds the baryons to a looser tolerance: before recombination they
+    oscillate with the photons, and resolving those acoustic oscillations at rtol is what sets
+    the step count of the modes above k ≈ 1 h/Mpc (precision key ``baryon_error_weight``,
+    docs/perturbations.md)."""
     w = np.ones(model.n)
     for i, name in enumerate(model.state_names):
         if name.startswith(UNCONTROLLED):
             w[i] = 0.0
+        elif name in BARYON_STATES:
+            w[i] = float(baryon_weight)
     return w
 
 

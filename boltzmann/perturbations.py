@@ -132,7 +132,7 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     rows = rows_all[order]
     x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
     modes.check_start_times(x0, grid, x_save, precision)
-    weights = modes.error_weights(model)
+    weights = modes.error_weights(model, precision.baryon_error_weight)
     timings = {"initial_conditions": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
@@ -217,9 +217,10 @@ def _run_chunks(solve_chunk, chunks, backend, n_modes: int):
     return scatter(index.reshape(-1), jax.tree_util.tree_map(lambda _: None, solved), solved)
 
 
-def _solve_settings(z, x0, model):
+def _solve_settings(z, x0, model, baryon_weight):
     """(save times, start times as numpy, error weights) of the modes' solves."""
-    return modes.save_times(z)[0], np.asarray(x0, np.float64), modes.error_weights(model)
+    return (modes.save_times(z)[0], np.asarray(x0, np.float64),
+            modes.error_weights(model, baryon_weight))
 
 
 def _start_times(x0, idx):
@@ -227,11 +228,12 @@ def _start_times(x0, idx):
 
 
 def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="jax",
-                sensitivity_error_control: bool = True, max_steps: int = MAX_STEPS):
+                sensitivity_error_control: bool = True, max_steps: int = MAX_STEPS,
+                baryon_weight: float = 1.0):
     """States (C·K, n_save, n) of every mode at ``modes.save_times(z)``, traceable and
     differentiable in (table, rows, y0) through ``solver.solve_diff``; ``chunks``: index arrays
     into the modes, each solved by one call (``_run_chunks``)."""
-    x_save, x0, weights = _solve_settings(z, x0, model)
+    x_save, x0, weights = _solve_settings(z, x0, model, baryon_weight)
 
     def solve_chunk(idx):
         return solve_diff(model.rhs, y0[idx], x_save, rows[idx], args=table,
@@ -244,12 +246,13 @@ def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="j
 
 def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model, *, rtol, atol,
                               chunks, backend="jax", sensitivity_error_control: bool = True,
-                              max_steps: int = MAX_STEPS):
+                              max_steps: int = MAX_STEPS,
+                              baryon_weight: float = 1.0):
     """(states (C·K, n_save, n), their tangents (m, C·K, n_save, n)) along m input tangents
     (leading axis m on dtable, drows, dy0): ``solve_modes``'s derivative by
     ``solver.solve_with_tangents``, whose values on the JAX backend come from the joint solve
     itself (one integration loop per chunk in the program, not a plain one beside it)."""
-    x_save, x0, weights = _solve_settings(z, x0, model)
+    x_save, x0, weights = _solve_settings(z, x0, model, baryon_weight)
 
     def solve_chunk(idx):
         ys, dys = solve_with_tangents(

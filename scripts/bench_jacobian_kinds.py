@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Kernel variants side by side in one process: the declared Jacobian against colour sweeps, and
-the CUDA kernel's rolled stage loop against the unrolled stages.
+"""Kernel variants side by side in one process: the declared Jacobian against colour sweeps, the
+CUDA kernel's rolled stage loop against the unrolled stages, and the baryons' error weight
+(precision ``baryon_error_weight``; the same kernel, the weights are its arguments).
 
 The EB rhs declares its Jacobian (``rhs.linear_jacobian``, derived from the linear source by
 models/linear_jacobian.py); the solver then evaluates J's entries directly and sweeps only in t.
@@ -13,6 +14,9 @@ share, steps per mode, and the largest relative P(k) difference between the two.
     python scripts/bench_jacobian_kinds.py --backend cuda --cosmologies 1 256 --out DIR
     python scripts/bench_jacobian_kinds.py --backend cuda --variants direct,unrolled --out DIR
     python scripts/bench_jacobian_kinds.py --backend jax --cosmologies 1 --k-per-decade 4  # CPU
+    python scripts/bench_jacobian_kinds.py --backend cuda --variants bw=1,bw=0.1 --out DIR
+
+A variant ``bw=W`` is the model as it is ("direct") solved with ``baryon_error_weight`` = W.
 """
 from __future__ import annotations
 
@@ -89,6 +93,18 @@ def _stages(kind):
     return kernel_stages(False) if kind == "unrolled" else contextlib.nullcontext()
 
 
+def with_baryon_weight(cfg, variant: str):
+    """``cfg`` with the precision's ``baryon_error_weight`` of a ``bw=W`` variant."""
+    try:
+        w = float(variant.split("=", 1)[1])
+    except ValueError:
+        raise SystemExit(f"--variants {variant}: expected bw=<weight between 0 and 1>") from None
+    if not 0.0 <= w <= 1.0:
+        raise SystemExit(f"--variants {variant}: the weight must lie in [0, 1]")
+    return dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision,
+                                                                  baryon_error_weight=w))
+
+
 def run_stages(cosmologies, cfg, model, backend):
     stacked = stack_cosmologies(cosmologies)
     grid = modes.make_grid(cfg.precision)
@@ -111,7 +127,8 @@ def main(argv=None):
     ap.add_argument("--k-per-decade", type=int, default=None,
                     help="override the config's k sampling (a quick CPU run)")
     ap.add_argument("--variants", default="direct,colored",
-                    help="comma-separated: direct, colored, unrolled (CUDA: stages unrolled)")
+                    help="comma-separated: direct, colored, unrolled (CUDA: stages unrolled), "
+                         "bw=W (direct with baryon_error_weight W)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     settings = Settings.from_environment()
@@ -125,12 +142,13 @@ def main(argv=None):
     known = {"direct": lambda: base, "colored": lambda: colored(base),
              "unrolled": lambda: distinct(base)}
     variants = args.variants.split(",")
-    bad = [v for v in variants if v not in known]
+    bad = [v for v in variants if v not in known and not v.startswith("bw=")]
     if bad:
         ap.error(f"--variants: unknown {bad}; choose from {sorted(known)}")
     if "unrolled" in variants and args.backend != "cuda":
         ap.error("--variants unrolled is a CUDA kernel variant: use --backend cuda")
-    models = {v: known[v]() for v in variants}
+    models = {v: known[v]() if v in known else base for v in variants}
+    configs = {v: with_baryon_weight(cfg, v) if v.startswith("bw=") else cfg for v in variants}
     machine = os.environ.get("BENCH_MACHINE", platform.node())
     date = datetime.date.today().isoformat()
     command = "python scripts/bench_jacobian_kinds.py " + " ".join(argv or sys.argv[1:])
@@ -139,11 +157,11 @@ def main(argv=None):
         for C in args.cosmologies:
             cosmos = fiducial_ensemble(C, cfg)
             with _stages(kind):
-                first, _, _ = run_stages(cosmos, cfg, model, backend)
+                first, _, _ = run_stages(cosmos, configs[kind], model, backend)
             walls, solves = [], []
             for _ in range(args.repeats):
                 with _stages(kind):
-                    wall, tr, sp = run_stages(cosmos, cfg, model, backend)
+                    wall, tr, sp = run_stages(cosmos, configs[kind], model, backend)
                 walls.append(wall)
                 solves.append(tr.timings["solve"])
             pk[(kind, C)] = np.asarray(sp.pk_m)
