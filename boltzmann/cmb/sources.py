@@ -150,9 +150,11 @@ _PROGRAMS = Cache("boltzmann.cmb.sources", maxsize=8)
 
 
 def error_weights(model, photon_control: bool) -> np.ndarray:
-    """The solver's error weights of a group of CMB modes: the model's own, plus
-    ``PHOTON_CONTROL`` for the modes below ``k_photon_control``."""
-    w = modes.error_weights(model)
+    """The solver's error weights of a group of CMB modes: the model's own with the baryons at
+    full weight (θ_b at recombination is the Doppler source; the P(k) modes' looser
+    ``baryon_error_weight`` is not applied), plus ``PHOTON_CONTROL`` for the modes below
+    ``k_photon_control``."""
+    w = modes.error_weights(model, baryon_weight=1.0)
     if photon_control:
         for name in PHOTON_CONTROL:
             w[model.index(name)] = 1.0
