@@ -32,10 +32,12 @@ __all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "mo
 #: step limit of each mode (the slowest sensitivity directions take ~7000 steps at
 #: k = 1 h/Mpc in the default model; plain modes under 1000)
 MAX_STEPS = 200_000
-#: the JAX backend solves the modes in this many launches, for progress reporting; the CUDA
-#: backend solves all modes in one launch, whose wall time is the slowest mode's (launches in
-#: turn would add up)
-N_CHUNKS_JAX = 4
+#: the JAX backend solves the modes in this many launches. One: its lanes (``JaxBackend``,
+#: "auto") keep a quarter of the modes in flight and give a finished mode's lane to the next,
+#: so splitting saves no work (the main job's 101 modes on the 2-core CPU: 9.8 s in one launch
+#: on 32 lanes, 13.5 s in four lock-step launches; docs/solver.md). The CUDA backend solves all
+#: modes in one launch too, whose wall time is the slowest mode's
+N_CHUNKS_JAX = 1
 
 _OBSERVABLE_FNS = Cache("boltzmann.observables", maxsize=16)
 

@@ -1,8 +1,9 @@
-"""The JAX backend: an ensemble of Rosenbrock trajectories advanced in lock-step.
+"""The JAX backend: an ensemble of Rosenbrock trajectories advanced together.
 
 One ``lax.while_loop`` runs until every trajectory has finished; each iteration attempts one step
-for every still-running trajectory (``vmap`` of the single-trajectory step) and leaves finished ones
-untouched. Each trajectory has its own step size, controller history, end time, counters and
+for every still-running trajectory in flight (``vmap`` of the single-trajectory step) and leaves
+finished ones untouched. In flight are all N trajectories (lock-step) or L lanes, each taking the
+next waiting trajectory when its own has finished (``make_ensemble_solver``'s ``lanes``). Each trajectory has its own step size, controller history, end time, counters and
 status, so the ensemble is exactly N independent solves. Runs on the CPU (the project's CI) and on
 a GPU through XLA (the GPU baseline the CUDA backend is measured against).
 """
@@ -32,12 +33,54 @@ def _weighted_rms(err, y0, y1, rtol, atol, weights, n_weighted):
     return jnp.sqrt(jnp.sum(r * r) / n_weighted)
 
 
-def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_steps: int):
+#: the JAX backend's lanes by default (``JaxBackend(lanes=...)``): "auto" = ``auto_lanes``
+DEFAULT_LANES = "auto"
+#: "auto": at least this many lanes, and at least a quarter of the trajectories
+AUTO_LANES_MIN = 32
+
+
+def lane_option(lanes) -> int | str | None:
+    """A validated ``lanes`` option: None (lock-step), "auto" or a positive integer."""
+    if lanes is None or lanes == "auto":
+        return lanes
+    if isinstance(lanes, bool) or not isinstance(lanes, (int, np.integer)) or lanes < 1:
+        raise ValueError(f"lanes must be a positive integer, 'auto' or None (all trajectories "
+                         f"in lock-step), got {lanes!r}")
+    return int(lanes)
+
+
+def auto_lanes(n_traj: int) -> int:
+    """max(AUTO_LANES_MIN, ⌈N/4⌉): an iteration over fewer lanes costs less, but not in
+    proportion (on the CPU the main job's 101 modes ran 2× faster on 32 lanes than in
+    lock-step, while 8 lanes were slower than 26; docs/solver.md), so an ensemble keeps a
+    quarter of its trajectories in flight."""
+    return max(AUTO_LANES_MIN, -(-int(n_traj) // 4))
+
+
+def lane_count(n_traj: int, lanes) -> int:
+    """How many trajectories advance together: all of them (``lanes`` None or ≥ N), else
+    ``lanes`` ("auto": ``auto_lanes``)."""
+    if lanes == "auto":
+        lanes = auto_lanes(n_traj)
+    if lanes is None or lanes >= n_traj:
+        return int(n_traj)
+    return int(lane_option(lanes))
+
+
+def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_steps: int,
+                         lanes: int | str | None = None):
     """Build the (un-jitted) ensemble solve for one RHS and one linear-algebra plan.
 
     f(y, t, p, args) -> (n,) array; jac(y, t, p, args) -> (f, J in slot layout, ∂f/∂t).
     Returned function: run(y0 (N,n), t0 (N,), t_end (N,), t_save (N,m), params (N,P), args,
     rtol, atol (n,), weights (n,), h0 (N,) or NaN for automatic) -> EnsembleResult.
+
+    ``lanes`` < N (or "auto", ``auto_lanes``): only that many trajectories advance together, and a lane whose trajectory
+    has finished takes the next one waiting (``_refill_loop``). In lock-step every iteration
+    costs N steps until the slowest trajectory is done, so an ensemble whose step counts spread
+    widely (the modes of a P(k): tens of steps at low k, hundreds at high k) does most of its
+    work on finished trajectories; with lanes the work is about the sum of the step counts.
+    Each trajectory's arithmetic is the same either way.
     """
     k_ctrl = tab.embedded_order + 1.0
     running = np.int32(Status.RUNNING)  # a numpy constant: plans may be built inside a trace
@@ -122,7 +165,55 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
         def body(st):
             return vstep(st, params, t_save, t_end, args, rtol, atol, weights, n_weighted)
 
+        L = lane_count(N, lanes)
+        if L < N:
+            return _refill_loop(vstep, state, L, params, t_save, t_end, args, rtol, atol,
+                                weights, n_weighted, running)
         t, y, h, e1, e2, nacc, nrej, status, ys = jax.lax.while_loop(cond, body, state)
         return EnsembleResult(ys, t, status, nacc, nrej)
 
     return run
+
+
+def _refill_loop(vstep, init, L, params, t_save, t_end, args, rtol, atol, weights, n_weighted,
+                 running):
+    """The ensemble on L lanes: ``init`` holds every trajectory's starting state (t, y, h, e1,
+    e2, n_acc, n_rej, status, ys; leading axis N). Lane l works on trajectory ``idx[l]``; when it
+    stops running, its state is written to the results and the next waiting trajectory (in
+    index order) takes the lane. ``idx`` = N marks a lane with nothing left to do."""
+    N = init[0].shape[0]
+    idx0 = jnp.arange(L, dtype=jnp.int32)
+    lane0 = tuple(a[:L] for a in init)
+
+    def cond(st):
+        lane, idx, nxt, _ = st
+        return jnp.any(lane[7] == running) | (nxt < N)
+
+    def retire_and_refill(lane, idx, nxt, out):
+        done = (lane[7] != running) & (idx < N)
+        where_out = jnp.where(done, idx, N)               # N: dropped by the scatter
+        out = tuple(o.at[where_out].set(a, mode="drop") for o, a in zip(out, lane))
+        new = nxt + jnp.cumsum(done.astype(jnp.int32)) - 1
+        fresh = done & (new < N)
+        idx = jnp.where(done, jnp.where(fresh, new, N), idx).astype(jnp.int32)
+        take = jnp.minimum(idx, N - 1)
+        lane = tuple(jnp.where(jnp.reshape(fresh, (L,) + (1,) * (a.ndim - 1)), a0[take], a)
+                     for a, a0 in zip(lane, init))
+        return lane, idx, nxt + jnp.sum(done, dtype=jnp.int32), out
+
+    def body(st):
+        lane, idx, nxt, out = st
+        take = jnp.minimum(idx, N - 1)
+        lane = vstep(lane, params[take], t_save[take], t_end[take], args, rtol, atol, weights,
+                     n_weighted)
+        any_done = jnp.any((lane[7] != running) & (idx < N))
+        lane, idx, nxt, out = jax.lax.cond(any_done, retire_and_refill,
+                                           lambda a, b, c, d: (a, b, c, d), lane, idx, nxt, out)
+        return lane, idx, nxt, out
+
+    st = (lane0, idx0, jnp.int32(L), init)
+    # lanes that start finished (t_end <= t0) are retired before the first step
+    st = (*retire_and_refill(*st[:3], st[3]),)
+    _, _, _, out = jax.lax.while_loop(cond, body, st)
+    t, y, h, e1, e2, nacc, nrej, status, ys = out
+    return EnsembleResult(ys, t, status, nacc, nrej)

@@ -38,17 +38,18 @@ from .plan import JaxPlan, abstract_args, get_plan
 
 __all__ = ["plain_plan", "joint_run", "h0"]
 
-#: joint plans by (spec, m, mask)
+#: joint plans by (spec, m, mask, lanes)
 JOINT_PLANS = Cache("jax.joint_plans", maxsize=32)
 #: (base pattern, coupling block) by (spec, mask, jacobian)
 AUG_PATTERNS = Cache("jax.joint_patterns", maxsize=64)
 
 
-def plain_plan(spec, args):
+def plain_plan(spec, args, lanes=None):
     """The undifferentiated solve's plan (the same cache as ``solve``'s), built possibly inside a
     trace."""
     return get_plan(spec.rhs, spec.n, spec.P, spec.has_args, args, spec.sparsity,
-                    spec.linear_solver, spec.tableau, spec.ctrl, spec.max_steps, in_trace=True)
+                    spec.linear_solver, spec.tableau, spec.ctrl, spec.max_steps, in_trace=True,
+                    lanes=lanes)
 
 
 def h0(spec, N):
@@ -178,7 +179,7 @@ def _aug_args(spec, args, mask, m):
     return (leaves, dargs)
 
 
-def _joint_plan(spec, m, mask, args, stats):
+def _joint_plan(spec, m, mask, args, stats, lanes):
     def build():
         plain = plain_plan(spec, args)
         base, coupling = _aug_pattern(spec, mask, plain.pattern, args, spec.jacobian, stats)
@@ -196,14 +197,16 @@ def _joint_plan(spec, m, mask, args, stats):
                            _aug_args(spec, args, mask, m), pattern, spec.linear_solver,
                            spec.tableau, spec.ctrl, spec.max_steps, linear=linear,
                            seed_columns=np.arange(spec.n), jac_builder=builder,
-                           f_array=_make_aug(spec, m, mask, spec.jacobian, as_array=True))
+                           f_array=_make_aug(spec, m, mask, spec.jacobian, as_array=True),
+                           lanes=lanes)
         stats["joint_plans"] += 1
         return plan
 
-    return JOINT_PLANS.get_or_build((spec, m, mask), build)
+    return JOINT_PLANS.get_or_build((spec, m, mask, lanes), build)
 
 
-def joint_run(spec, mask, y0, params, args_leaves, ts, t0, te, dy0, dp, dargs, stats):
+def joint_run(spec, mask, y0, params, args_leaves, ts, t0, te, dy0, dp, dargs, stats,
+              lanes=None):
     """Run the joint solve; dy0 (m,N,n) | None, dp (m,N,P) | None, dargs tuple of (m, *leaf).
     Returns (EnsembleResult of z = [y, s_1..s_m], m)."""
     stats["joint_traces"] += 1
@@ -213,7 +216,7 @@ def joint_run(spec, mask, y0, params, args_leaves, ts, t0, te, dy0, dp, dargs, s
     P = spec.P
     args = jax.tree_util.tree_unflatten(spec.treedef, list(args_leaves)) if spec.has_args \
         else None
-    plan = _joint_plan(spec, m, mask, args, stats)
+    plan = _joint_plan(spec, m, mask, args, stats, lanes)
     s0 = jnp.zeros((N, m * n)) if dy0 is None else jnp.moveaxis(dy0, 0, 1).reshape(N, m * n)
     dq = jnp.zeros((N, m * P)) if dp is None else jnp.moveaxis(dp, 0, 1).reshape(N, m * P)
     z0 = jnp.concatenate([y0, s0], axis=1)

@@ -19,7 +19,8 @@ from .ensemble import make_ensemble_solver
 
 __all__ = ["JaxPlan", "get_plan", "abstract_args"]
 
-#: plans by (rhs, n, P, has_args, sparsity, linear solver, tableau, controller, max_steps)
+#: plans by (rhs, n, P, has_args, sparsity, linear solver, tableau, controller, max_steps,
+#: lanes)
 PLANS = Cache("jax.plans", maxsize=64)
 
 
@@ -28,7 +29,7 @@ class JaxPlan:
 
     def __init__(self, rhs, n, n_params, has_args, args_example, sparsity, linear_solver, tab,
                  ctrl, max_steps, *, linear=None, seed_columns=None, jac_builder=None,
-                 f_array=None):
+                 f_array=None, lanes=None):
         self.n = n
         if f_array is not None:
             # the same rhs returning one (n,) array: the joint sensitivity system's n(1 + m)
@@ -69,7 +70,10 @@ class JaxPlan:
                                                      seed_columns)
         #: "direct" (the rhs's declared J and one sweep in t) or "colored" (one sweep per colour)
         self.jacobian = "direct" if lj is not None else "colored"
-        self.run = jax.jit(make_ensemble_solver(f, self.jac, self.linear, tab, ctrl, max_steps))
+        #: trajectories advanced together (None: all; ``ensemble.make_ensemble_solver``)
+        self.lanes = lanes
+        self.run = jax.jit(make_ensemble_solver(f, self.jac, self.linear, tab, ctrl, max_steps,
+                                                lanes=lanes))
 
 
 def _make_jacobian(rhs, has_args, pattern, linear, seed_columns=None):
@@ -105,20 +109,20 @@ def abstract_args(args):
 
 
 def get_plan(rhs, n, n_params, has_args, args_example, sparsity, linear_solver, tableau, ctrl,
-             max_steps, *, in_trace: bool = False) -> JaxPlan:
+             max_steps, *, in_trace: bool = False, lanes: int | None = None) -> JaxPlan:
     """The cached plan. ``sparsity``: None or an (n, n) pattern. ``in_trace``: the plan may be
     built inside a JAX trace (``solve_diff``); its construction-time constants are then
     evaluated eagerly, or they would be tracers leaked into the cache."""
     key = (rhs, n, n_params, has_args,
            None if sparsity is None else np.asarray(sparsity, bool).tobytes(),
-           linear_solver, tableau.name, ctrl, int(max_steps))
+           linear_solver, tableau.name, ctrl, int(max_steps), lanes)
 
     def build():
         if not in_trace:
             return JaxPlan(rhs, n, n_params, has_args, args_example, sparsity, linear_solver,
-                           tableau, ctrl, int(max_steps))
+                           tableau, ctrl, int(max_steps), lanes=lanes)
         with jax.ensure_compile_time_eval():
             return JaxPlan(rhs, n, n_params, has_args, abstract_args(args_example), sparsity,
-                           linear_solver, tableau, ctrl, int(max_steps))
+                           linear_solver, tableau, ctrl, int(max_steps), lanes=lanes)
 
     return PLANS.get_or_build(key, build)
