@@ -110,7 +110,9 @@ class PowerSpectrumFunction:
     the background outputs (default: the config's ``output.z_background``, else ``z``; ``()``
     for none), ``derived`` the derived names (default ``DERIVED_OUTPUTS``; any of
     ``boltzmann.derived.NAMES`` but σ8's, which are outputs of their own), ``rtol`` overrides
-    the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves,
+    the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves (1 by
+    default: on the CUDA backend the solves run in turn, each as long as its slowest mode, and
+    the JAX backend's lanes already spare the finished modes; more only to bound memory),
     ``with_sigma8=False`` drops σ8 and its extra modes, ``sensitivity_error_control`` and
     ``backend`` ("jax", "cuda" or "auto") are passed to ``solve_diff`` (docs/gradients.md).
     """
@@ -119,7 +121,7 @@ class PowerSpectrumFunction:
     MAX_STEPS = MAX_STEPS
 
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
-                 rtol: float | None = None, atol: float | None = None, n_chunks: int = 4,
+                 rtol: float | None = None, atol: float | None = None, n_chunks: int = 1,
                  sensitivity_error_control: bool = True, with_sigma8: bool = True,
                  backend: str = "jax", z_background=None,
                  derived: Sequence[str] = DERIVED_OUTPUTS):
