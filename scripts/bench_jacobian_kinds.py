@@ -184,13 +184,20 @@ def main(argv=None):
                      f"{r['steps_max']} | {r['failed']} | {diff:.1e} |")
     table = "\n".join(lines)
     print(table)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "jacobian_kinds.json"), "w") as f:
-            json.dump({"machine": machine, "date": date, "command": command, "rows": rows}, f,
-                      indent=1)
-        with open(os.path.join(args.out, "jacobian_kinds.md"), "w") as f:
-            f.write(table + "\n")
+    write_outputs(args.out, "jacobian_kinds", {"machine": machine, "date": date,
+                                               "command": command, "rows": rows}, table)
+
+
+def write_outputs(out, stem: str, record: dict, table: str) -> None:
+    """``OUT/stem.json`` (the rows with machine, date and command) and ``OUT/stem.md`` (the
+    table); nothing without ``out``."""
+    if not out:
+        return
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    with open(os.path.join(out, f"{stem}.md"), "w") as f:
+        f.write(table + "\n")
 
 
 if __name__ == "__main__":

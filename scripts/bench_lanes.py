@@ -37,6 +37,8 @@ from boltzmann.spectra import compute_spectra  # noqa: E402
 from boltzmann.tables import compute_tables  # noqa: E402
 from solver import JaxBackend  # noqa: E402
 
+from bench_jacobian_kinds import write_outputs  # noqa: E402  (scripts/ is on sys.path)
+
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -95,13 +97,8 @@ def main(argv=None):
                      f"{r['failed']} | {diff:.1e} |")
     table = "\n".join(lines)
     print(table)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "lanes.json"), "w") as f:
-            json.dump({"machine": machine, "date": date, "command": command, "rows": rows}, f,
-                      indent=1)
-        with open(os.path.join(args.out, "lanes.md"), "w") as f:
-            f.write(table + "\n")
+    write_outputs(args.out, "lanes", {"machine": machine, "date": date, "command": command,
+                                      "rows": rows}, table)
 
 
 if __name__ == "__main__":

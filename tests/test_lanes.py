@@ -80,7 +80,7 @@ def test_lanes_bound_the_trajectories_in_the_loop():
 def test_lane_count_and_bad_lanes():
     assert lane_count(10, None) == 10 and lane_count(10, 32) == 10 and lane_count(10, 4) == 4
     assert lane_count(101, "auto") == 32 and lane_count(1000, "auto") == 250
-    assert lane_count(20, "auto") == 20
+    assert lane_count(20, "auto") == 20 and lane_count(63, "auto") == 63
     for bad in (0, -3, 2.5, True, "8"):
         with pytest.raises(ValueError, match="lanes must be a positive integer"):
             JaxBackend(lanes=bad)

@@ -37,6 +37,8 @@ def _weighted_rms(err, y0, y1, rtol, atol, weights, n_weighted):
 DEFAULT_LANES = "auto"
 #: "auto": at least this many lanes, and at least a quarter of the trajectories
 AUTO_LANES_MIN = 32
+#: "auto": ensembles smaller than this stay in lock-step
+AUTO_LANES_FROM = 64
 
 
 def lane_option(lanes) -> int | str | None:
@@ -50,10 +52,15 @@ def lane_option(lanes) -> int | str | None:
 
 
 def auto_lanes(n_traj: int) -> int:
-    """max(AUTO_LANES_MIN, ⌈N/4⌉): an iteration over fewer lanes costs less, but not in
-    proportion (on the CPU the main job's 101 modes ran 2× faster on 32 lanes than in
-    lock-step, while 8 lanes were slower than 26; docs/solver.md), so an ensemble keeps a
-    quarter of its trajectories in flight."""
+    """max(AUTO_LANES_MIN, ⌈N/4⌉) from AUTO_LANES_FROM trajectories on, else all of them.
+
+    An iteration over fewer lanes costs less, but not in proportion (on the CPU the main job's
+    101 modes ran 2× faster on 32 lanes than in lock-step, while 8 lanes were slower than 26;
+    docs/solver.md), so an ensemble keeps a quarter of its trajectories in flight. Just above
+    the lane count the trajectories left over would run almost alone after the others (twice
+    the iterations when all take as many steps), so small ensembles stay in lock-step."""
+    if n_traj < AUTO_LANES_FROM:
+        return int(n_traj)
     return max(AUTO_LANES_MIN, -(-int(n_traj) // 4))
 
 
