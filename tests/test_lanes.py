@@ -34,7 +34,7 @@ def lock_step():
     return _solve(None)
 
 
-@pytest.mark.parametrize("lanes", [2, 3, 10, 11, 64])
+@pytest.mark.parametrize("lanes", [3, 11])
 def test_lanes_reproduce_lock_step(lock_step, lanes):
     sol = _solve(lanes)
     status = np.asarray(lock_step.status)

@@ -3,8 +3,9 @@
 One ``lax.while_loop`` runs until every trajectory has finished; each iteration attempts one step
 for every still-running trajectory in flight (``vmap`` of the single-trajectory step) and leaves
 finished ones untouched. In flight are all N trajectories (lock-step) or L lanes, each taking the
-next waiting trajectory when its own has finished (``make_ensemble_solver``'s ``lanes``). Each trajectory has its own step size, controller history, end time, counters and
-status, so the ensemble is exactly N independent solves. Runs on the CPU (the project's CI) and on
+next waiting trajectory when its own has finished (``make_ensemble_solver``'s ``lanes``). Each
+trajectory has its own step size, controller history, end time, counters and status, so the
+ensemble is exactly N independent solves. Runs on the CPU (the project's CI) and on
 a GPU through XLA (the GPU baseline the CUDA backend is measured against).
 """
 from __future__ import annotations
@@ -82,12 +83,12 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
     Returned function: run(y0 (N,n), t0 (N,), t_end (N,), t_save (N,m), params (N,P), args,
     rtol, atol (n,), weights (n,), h0 (N,) or NaN for automatic) -> EnsembleResult.
 
-    ``lanes`` < N (or "auto", ``auto_lanes``): only that many trajectories advance together, and a lane whose trajectory
-    has finished takes the next one waiting (``_refill_loop``). In lock-step every iteration
-    costs N steps until the slowest trajectory is done, so an ensemble whose step counts spread
-    widely (the modes of a P(k): tens of steps at low k, hundreds at high k) does most of its
-    work on finished trajectories; with lanes the work is about the sum of the step counts.
-    Each trajectory's arithmetic is the same either way.
+    ``lanes`` < N (or "auto", ``auto_lanes``): only that many trajectories advance together,
+    and a lane whose trajectory has finished takes the next one waiting (``_refill_loop``). In
+    lock-step every iteration costs N steps until the slowest trajectory is done, so an
+    ensemble whose step counts spread widely (the modes of a P(k): tens of steps at low k,
+    hundreds at high k) does most of its work on finished trajectories; with lanes the work is
+    about the sum of the step counts. Each trajectory's arithmetic is the same either way.
     """
     k_ctrl = tab.embedded_order + 1.0
     running = np.int32(Status.RUNNING)  # a numpy constant: plans may be built inside a trace
