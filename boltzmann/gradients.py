@@ -63,7 +63,7 @@ from solver.backends.registry import resolve_backend
 from . import derived as derived_mod
 from . import distances, modes
 from .params import ConfigError, CosmoParams
-from .perturbations import (MAX_STEPS, mode_inputs, observables, solve_modes,
+from .perturbations import (MAX_STEPS, N_CHUNKS_JAX, mode_inputs, observables, solve_modes,
                             solve_modes_with_tangents, transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
@@ -110,9 +110,9 @@ class PowerSpectrumFunction:
     the background outputs (default: the config's ``output.z_background``, else ``z``; ``()``
     for none), ``derived`` the derived names (default ``DERIVED_OUTPUTS``; any of
     ``boltzmann.derived.NAMES`` but σ8's, which are outputs of their own), ``rtol`` overrides
-    the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves (1 by
-    default: on the CUDA backend the solves run in turn, each as long as its slowest mode, and
-    the JAX backend's lanes already spare the finished modes; more only to bound memory),
+    the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves (default:
+    1 on the CUDA backend, whose solves run in turn, each as long as its slowest mode;
+    ``perturbations.N_CHUNKS_JAX`` lock-step solves on the JAX backend),
     ``with_sigma8=False`` drops σ8 and its extra modes, ``sensitivity_error_control`` and
     ``backend`` ("jax", "cuda" or "auto") are passed to ``solve_diff`` (docs/gradients.md).
     """
@@ -121,7 +121,8 @@ class PowerSpectrumFunction:
     MAX_STEPS = MAX_STEPS
 
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
-                 rtol: float | None = None, atol: float | None = None, n_chunks: int = 1,
+                 rtol: float | None = None, atol: float | None = None,
+                 n_chunks: int | None = None,
                  sensitivity_error_control: bool = True, with_sigma8: bool = True,
                  backend: str = "jax", z_background=None,
                  derived: Sequence[str] = DERIVED_OUTPUTS):
@@ -161,6 +162,8 @@ class PowerSpectrumFunction:
         self.x0, _ = modes.initial_states(self.model, rows0, prec.k_tau_ini, prec.omega_tau_ini)
         modes.check_start_times(self.x0, self.grid, self.x_save, prec)
         order = np.argsort(self.k_solve)
+        if n_chunks is None:
+            n_chunks = N_CHUNKS_JAX if resolve_backend(backend).name == "jax" else 1
         n_chunks = max(1, min(int(n_chunks), self.k_solve.size))
         size = int(math.ceil(self.k_solve.size / n_chunks))
         self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]

@@ -32,12 +32,12 @@ __all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "mo
 #: step limit of each mode (the slowest sensitivity directions take ~7000 steps at
 #: k = 1 h/Mpc in the default model; plain modes under 1000)
 MAX_STEPS = 200_000
-#: the JAX backend solves the modes in this many launches. One: its lanes (``JaxBackend``,
-#: "auto") keep a quarter of the modes in flight and give a finished mode's lane to the next,
-#: so splitting saves no work (the main job's 101 modes on the 2-core CPU: 9.8 s in one launch
-#: on 32 lanes, 13.5 s in four lock-step launches; docs/solver.md). The CUDA backend solves all
-#: modes in one launch too, whose wall time is the slowest mode's
-N_CHUNKS_JAX = 1
+#: the JAX backend solves the modes in this many lock-step launches, sorted by k: a launch
+#: steps all its modes until its slowest is done, so splitting spares the low-k modes most of
+#: the high-k modes' steps (the main job's 101 modes on an idle 2-core CPU: 8.3 s in four
+#: launches, 9.4 s in one on 32 lanes, ``JaxBackend(lanes=...)``; docs/solver.md). The CUDA
+#: backend solves all modes in one launch, whose wall time is the slowest mode's
+N_CHUNKS_JAX = 4
 
 _OBSERVABLE_FNS = Cache("boltzmann.observables", maxsize=16)
 

@@ -25,7 +25,7 @@ class JaxBackend(Backend):
     def __init__(self, lanes: int | str | None = DEFAULT_LANES):
         self.stats = {"joint_traces": 0, "joint_plans": 0, "pattern_seconds": 0.0}
         #: trajectories advanced together, a finished one's lane taking the next waiting
-        #: ("auto": ``ensemble.auto_lanes``; None: all in lock-step;
+        #: (None, the default: all in lock-step; "auto": ``ensemble.auto_lanes``;
         #: ``ensemble.make_ensemble_solver``)
         self.lanes = lane_option(lanes)
 

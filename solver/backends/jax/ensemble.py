@@ -34,8 +34,10 @@ def _weighted_rms(err, y0, y1, rtol, atol, weights, n_weighted):
     return jnp.sqrt(jnp.sum(r * r) / n_weighted)
 
 
-#: the JAX backend's lanes by default (``JaxBackend(lanes=...)``): "auto" = ``auto_lanes``
-DEFAULT_LANES = "auto"
+#: the JAX backend's lanes by default (``JaxBackend(lanes=...)``): lock-step. On an idle
+#: 2-core CPU the main job's 101 modes took 8.3 s in four lock-step launches against 9.4 s in
+#: one launch on 32 lanes (docs/solver.md), so lanes are an option, not the default
+DEFAULT_LANES = None
 #: "auto": at least this many lanes, and at least a quarter of the trajectories
 AUTO_LANES_MIN = 32
 #: "auto": ensembles smaller than this stay in lock-step
@@ -55,9 +57,8 @@ def lane_option(lanes) -> int | str | None:
 def auto_lanes(n_traj: int) -> int:
     """max(AUTO_LANES_MIN, ⌈N/4⌉) from AUTO_LANES_FROM trajectories on, else all of them.
 
-    An iteration over fewer lanes costs less, but not in proportion (on the CPU the main job's
-    101 modes ran 2× faster on 32 lanes than in lock-step, while 8 lanes were slower than 26;
-    docs/solver.md), so an ensemble keeps a quarter of its trajectories in flight. Just above
+    An iteration over fewer lanes costs less, but not in proportion (docs/solver.md), so an
+    ensemble keeps a quarter of its trajectories in flight. Just above
     the lane count the trajectories left over would run almost alone after the others (twice
     the iterations when all take as many steps), so small ensembles stay in lock-step."""
     if n_traj < AUTO_LANES_FROM:
