@@ -153,8 +153,7 @@ class PowerSpectrumFunction:
         self.z_background = np.asarray(z_background, np.float64).reshape(-1)
         self.derived = _derived_names(derived)
         self.x_save, _ = modes.save_times(self.z)
-        self.baryon_weight = float(prec.baryon_error_weight)
-        self.weights = modes.error_weights(self.model, self.baryon_weight)
+        self.weights = modes.error_weights(self.model, prec.baryon_error_weight)
         self.k_solve, self.keep = _solve_grid(self.k, float(cosmo.h), bool(with_sigma8))
         self.with_sigma8 = bool(with_sigma8) and self.k_solve.size >= 5
         # fixed start times from the fiducial cosmology (see module docstring)
@@ -211,7 +210,7 @@ class PowerSpectrumFunction:
                            atol=self.atol, chunks=self._chunks, backend=self.backend,
                            sensitivity_error_control=self.sensitivity_error_control,
                            max_steps=self.MAX_STEPS,
-                           baryon_weight=self.baryon_weight)
+                           weights=self.weights)
 
     def _stage_outputs(self, theta, ys, rows, table, thermo):
         """The outputs from θ and the solved states."""
@@ -246,7 +245,7 @@ class PowerSpectrumFunction:
             table, rows, y0, dtable, drows, dy0, self.x0, self.z, self.model, rtol=self.rtol,
             atol=self.atol, chunks=self._chunks, backend=self.backend,
             sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS,
-            baryon_weight=self.baryon_weight)
+            weights=self.weights)
 
     def _outputs_and_tangents(self, theta, ys, rows, table, thermo, dys, drows, dtable,
                               dthermo):

@@ -219,10 +219,11 @@ def _run_chunks(solve_chunk, chunks, backend, n_modes: int):
     return scatter(index.reshape(-1), jax.tree_util.tree_map(lambda _: None, solved), solved)
 
 
-def _solve_settings(z, x0, model, baryon_weight):
-    """(save times, start times as numpy, error weights) of the modes' solves."""
+def _solve_settings(z, x0, model, weights):
+    """(save times, start times as numpy, error weights) of the modes' solves; ``weights`` None:
+    the model's own (``modes.error_weights``)."""
     return (modes.save_times(z)[0], np.asarray(x0, np.float64),
-            modes.error_weights(model, baryon_weight))
+            modes.error_weights(model) if weights is None else np.asarray(weights, np.float64))
 
 
 def _start_times(x0, idx):
@@ -231,11 +232,12 @@ def _start_times(x0, idx):
 
 def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="jax",
                 sensitivity_error_control: bool = True, max_steps: int = MAX_STEPS,
-                baryon_weight: float = 1.0):
+                weights=None):
     """States (C·K, n_save, n) of every mode at ``modes.save_times(z)``, traceable and
     differentiable in (table, rows, y0) through ``solver.solve_diff``; ``chunks``: index arrays
-    into the modes, each solved by one call (``_run_chunks``)."""
-    x_save, x0, weights = _solve_settings(z, x0, model, baryon_weight)
+    into the modes, each solved by one call (``_run_chunks``); ``weights``: the solver's error
+    weights (None: ``modes.error_weights(model)``)."""
+    x_save, x0, weights = _solve_settings(z, x0, model, weights)
 
     def solve_chunk(idx):
         return solve_diff(model.rhs, y0[idx], x_save, rows[idx], args=table,
@@ -248,13 +250,12 @@ def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="j
 
 def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model, *, rtol, atol,
                               chunks, backend="jax", sensitivity_error_control: bool = True,
-                              max_steps: int = MAX_STEPS,
-                              baryon_weight: float = 1.0):
+                              max_steps: int = MAX_STEPS, weights=None):
     """(states (C·K, n_save, n), their tangents (m, C·K, n_save, n)) along m input tangents
     (leading axis m on dtable, drows, dy0): ``solve_modes``'s derivative by
     ``solver.solve_with_tangents``, whose values on the JAX backend come from the joint solve
     itself (one integration loop per chunk in the program, not a plain one beside it)."""
-    x_save, x0, weights = _solve_settings(z, x0, model, baryon_weight)
+    x_save, x0, weights = _solve_settings(z, x0, model, weights)
 
     def solve_chunk(idx):
         ys, dys = solve_with_tangents(

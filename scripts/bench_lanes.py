@@ -44,8 +44,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="lcdm")
     ap.add_argument("--lanes", nargs="+", default=["0", "auto"],
-                    help="lanes per solve: a number, auto (the code's default) or 0 (every "
-                         "mode in lock-step)")
+                    help="lanes per solve: a number, auto (ensemble.auto_lanes) or 0 (every "
+                         "mode in lock-step, the code's default)")
     ap.add_argument("--chunks", type=int, default=None,
                     help="solves the modes are split into (default: the code's N_CHUNKS_JAX)")
     ap.add_argument("--repeats", type=int, default=3)
