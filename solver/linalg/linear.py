@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .codegen import compile_functions
+from .ordering import depth_order
 from .sparse_lu import (SymbolicLU, _check_pattern, generate_lu_source, level_lu_functions,
                         symbolic_lu, table_lu_functions)
 
@@ -37,6 +38,7 @@ UNROLL_MAX_OPS = 20000
 
 _METHODS = ("auto", "dense", "sparse")
 _JAX_IMPLS = ("levels", "unrolled", "table")
+_ORDERINGS = ("amd", "depth")
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,12 @@ def _dense_solver(n: int) -> LinearSolver:
                         factor=factor, solve=solve)
 
 
-def _sparse_solver(pattern: np.ndarray, unroll_max_ops: int, jax_impl: str) -> LinearSolver:
+def _sparse_solver(pattern: np.ndarray, unroll_max_ops: int, jax_impl: str,
+                   ordering: str = "amd") -> LinearSolver:
     import jax
     import jax.numpy as jnp
 
-    sym = symbolic_lu(pattern)
+    sym = symbolic_lu(pattern, depth_order(pattern) if ordering == "depth" else None)
     n_factor, n_solve = sym.op_counts()
     common = dict(n=sym.n, nslots=sym.nnz, diag_slots=sym.diag_slots, slot_rows=sym.slot_rows,
                   slot_cols=sym.slot_cols, is_fill=sym.is_fill, symbolic=sym)
@@ -129,7 +132,8 @@ def _sparse_solver(pattern: np.ndarray, unroll_max_ops: int, jax_impl: str) -> L
 
 
 def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = UNROLL_MAX_OPS,
-                        dense_max_n: int = DENSE_MAX_N, jax_impl: str = "levels") -> LinearSolver:
+                        dense_max_n: int = DENSE_MAX_N, jax_impl: str = "levels",
+                        ordering: str = "amd") -> LinearSolver:
     """Build the factor/solve pair for ``W`` with structure ``pattern | I``.
 
     ``pattern``: square boolean array (``[i, j]`` True where ``J`` may be nonzero); the diagonal is
@@ -141,7 +145,12 @@ def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = 
     but XLA CPU compile time grows to tens of seconds at ~1000 operations), "table" (fori_loop over
     index tables: fastest to compile, slowest to run).  All share the slot and factor layout, and
     ``source`` always holds the generated straight-line code.
+
+    ``ordering`` (sparse only): "amd" (least fill: one thread factors) or "depth" (fewest
+    dependency levels: a warp factors and solves together; :mod:`solver.linalg.ordering`).
     """
+    if ordering not in _ORDERINGS:
+        raise ValueError(f"ordering must be one of {_ORDERINGS}, got {ordering!r}")
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
     if jax_impl not in _JAX_IMPLS:
@@ -154,7 +163,7 @@ def build_linear_solver(pattern, method: str = "auto", *, unroll_max_ops: int = 
         method = "dense" if n <= dense_max_n else "sparse"
     if method == "dense":
         return _dense_solver(n)
-    return _sparse_solver(pat, unroll_max_ops, jax_impl)
+    return _sparse_solver(pat, unroll_max_ops, jax_impl, ordering)
 
 
 def build_block_triangular_solver(base, coupling, m: int, method: str = "auto",

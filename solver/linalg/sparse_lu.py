@@ -38,6 +38,7 @@ __all__ = [
     "symbolic_lu",
     "generate_lu_source",
     "table_lu_functions",
+    "factor_schedule",
 ]
 
 
@@ -177,8 +178,9 @@ def symbolic_lu(pattern, order=None) -> SymbolicLU:
                       diag_slots=diag_slots, slot_of=slot_of)
 
 
-def _factor_schedule(sym: SymbolicLU):
-    """Yield the elimination as ('scale', s_ik, s_kk) / ('update', s_ij, s_ik, s_kj) / ('pivot', s_ii)."""
+def factor_schedule(sym: SymbolicLU):
+    """The elimination, in the order every generated form follows: ('scale', s_ik, s_kk),
+    ('update', s_ij, s_ik, s_kj) and ('pivot', s_ii) operations on slots."""
     perm_slot = sym._perm_slot_index()
     upper = [[(j, perm_slot[(k, j)]) for j in sym._upper_cols(k)] for k in range(sym.n)]
     for i in range(sym.n):
@@ -214,7 +216,7 @@ def generate_lu_source(sym: SymbolicLU) -> tuple[str, str]:
             current[s] = name
     row_of_slot = np.repeat(np.arange(n), np.diff(sym.row_ptr))
     last_row = -1
-    for op in _factor_schedule(sym):
+    for op in factor_schedule(sym):
         kind = op[0]
         row = int(row_of_slot[op[1]])
         if row != last_row:
@@ -281,7 +283,7 @@ def table_lu_functions(sym: SymbolicLU):
 
     kinds, dst, src1, src2 = [], [], [], []
     code = {"scale": 0, "update": 1, "pivot": 2}
-    for op in _factor_schedule(sym):
+    for op in factor_schedule(sym):
         kinds.append(code[op[0]])
         dst.append(op[1])
         src1.append(op[2] if len(op) > 2 else op[1])
@@ -391,7 +393,7 @@ def level_lu_functions(sym: SymbolicLU):
         return pending[s] if is_upper[s] else final[s]
 
     ops = []
-    for op in _factor_schedule(sym):
+    for op in factor_schedule(sym):
         if op[0] == "update":
             _, s, s_ik, s_kj = op
             level = max(ready(s_ik), ready(s_kj)) + 1

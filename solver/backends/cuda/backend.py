@@ -1,5 +1,7 @@
-"""The CUDA backend: one trajectory per GPU thread, the kernel generated from the shared tableau,
-controller and compiled sparse LU, Jacobians by numba-enzyme-cuda.
+"""The CUDA backend: kernels generated from the shared tableau, controller and compiled sparse LU --
+one trajectory per warp for linear right-hand sides with tables (the EB models; the declared
+Jacobian, ``codegen.warp``), one per thread with Enzyme Jacobians for every other rhs and for
+forward sensitivities.
 
 How a solve reaches the GPU is the backend's ``launch``:
 
@@ -32,9 +34,10 @@ from .modules import scratch_dir
 from .tables import check_args_structure, table_split_of
 from .toolchain import cuda_modules
 
-__all__ = ["CudaBackend", "LAUNCH_MODES"]
+__all__ = ["CudaBackend", "LAUNCH_MODES", "KERNEL_KINDS"]
 
 LAUNCH_MODES = ("auto", "ffi", "numba", "emulated")
+KERNEL_KINDS = ("auto", "warp", "thread")
 _LINEAR_SOLVERS = ("auto", "dense", "sparse")
 
 
@@ -49,6 +52,10 @@ class CudaBackend(Backend):
         directory under the system's temporary directory.
     ffi_library: a prebuilt FFI handler library (.so) to use instead of building one.
     cxx: the C++ compiler that builds the FFI handler.
+    kernel: which kernel runs a plain solve: "auto" (default) the warp kernel -- one trajectory
+        per warp, for right-hand sides with tables and a declared linear Jacobian, such as the EB
+        models (``codegen.warp``) -- and the thread kernel for every other rhs; "warp" or
+        "thread" to insist on one (the sensitivity kernel is always the thread kernel).
 
     ``linear_solver`` is accepted by ``solve`` for API compatibility; the kernel always uses the
     compiled unpivoted sparse LU (for a dense pattern that is a dense unpivoted LU).
@@ -57,22 +64,26 @@ class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self, launch: str = "auto", cache_root: Path | str | None = None, *,
-                 ffi_library: Path | str | None = None, cxx: str = "g++"):
+                 ffi_library: Path | str | None = None, cxx: str = "g++", kernel: str = "auto"):
         if launch not in LAUNCH_MODES:
             raise ValueError(f"CudaBackend: launch must be one of {LAUNCH_MODES}, got {launch!r}")
+        if kernel not in KERNEL_KINDS:
+            raise ValueError(f"CudaBackend: kernel must be one of {KERNEL_KINDS}, got {kernel!r}")
         self.launch = launch
+        self.kernel = kernel
         self.cache_root = None if cache_root is None else Path(cache_root)
         work = self.cache_root if self.cache_root is not None else scratch_dir()
         self.module_dir = work
         self.kernel_cache = KernelCache(work / "cubin") if self.cache_root is not None else None
         self.ffi_library = FfiLibrary(work / "ffi", prebuilt=ffi_library, cxx=cxx)
-        self.ffi = FfiLauncher(self.ffi_library, self.kernel_cache, self.module_dir)
+        self.ffi = FfiLauncher(self.ffi_library, self.kernel_cache, self.module_dir, kernel)
         #: the last sensitivity launch's ``info`` (kernel cache state, compile and kernel
         #: seconds): the tangents leave through a callback that can return arrays only
         self.last_sensitivity_info = None
 
     def __repr__(self) -> str:
-        return f"CudaBackend(launch={self.launch!r}, cache_root={self.cache_root!r})"
+        return (f"CudaBackend(launch={self.launch!r}, cache_root={self.cache_root!r}, "
+                f"kernel={self.kernel!r})")
 
     @property
     def emulated(self) -> bool:
@@ -102,13 +113,13 @@ class CudaBackend(Backend):
         table_split_of(rhs, args)  # a clear TypeError for args without rhs.table_split
         if self.emulated:
             return emulate_plain(rhs, kernel_inputs(inputs, rtol), args, sparsity, max_steps,
-                                 controller, tableau, self.module_dir)
+                                 controller, tableau, self.module_dir, self.kernel)
         cuda_modules()  # fail early, with the reason, before any host-side work
         if self.use_ffi():
             return self.ffi.solve(rhs, inputs, args=args, rtol=rtol, max_steps=max_steps,
                                   sparsity=sparsity, controller=controller, tableau=tableau)
         return solve_numba(rhs, kernel_inputs(inputs, rtol), args, sparsity, max_steps,
-                           controller, tableau, self.module_dir)
+                           controller, tableau, self.module_dir, self.kernel)
 
     def solve_jax(self, rhs, y0, t_save, params, **kwargs):
         """The ensemble solve as a JAX computation through the XLA FFI custom call
@@ -126,7 +137,7 @@ class CudaBackend(Backend):
     def _plain_host(self, rhs, inp, args, spec):
         run = emulate_plain if self.emulated else solve_numba
         return run(rhs, inp, args, spec.sparsity, spec.max_steps, spec.ctrl, spec.tableau,
-                   self.module_dir)
+                   self.module_dir, self.kernel)
 
     def _sens_host(self, *a, **kw):
         if self.emulated:

@@ -15,10 +15,12 @@ import numpy as np
 from ...method.tableau import RODAS5P
 from .codegen import MAX_DIRECTIONS
 from .inputs import check_lookup_p, probe_inputs, sens_call_args, sens_inputs, sens_outputs
-from .launch_numba import SENS_DOC_ARGS
+from .launch_numba import SENS_DOC_ARGS, choose_kernel
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array, table_split_of
+from .warp_emulation import emulate_warp
+from .warp_plan import WARP_SIZE, build_warp_plan
 
 __all__ = ["emulate_plain", "jacobian_emulated", "sensitivity_emulated", "sens_probe_emulated",
            "emulation_module"]
@@ -137,9 +139,16 @@ def emulation_module(plan, rhs, P, mod=None, module_dir=None):
     return mod, emu
 
 
-def emulate_plain(rhs, inp, args, sparsity, max_steps, controller, tableau, module_dir=None):
+def emulate_plain(rhs, inp, args, sparsity, max_steps, controller, tableau, module_dir=None,
+                  kernel_kind="auto", lanes=WARP_SIZE):
     """``launch_numba.solve_numba``'s emulated twin (same arguments): the plain kernel text on
-    the CPU."""
+    the CPU -- the warp kernel (``warp_emulation``, ``lanes`` lanes) where
+    ``launch_numba.choose_kernel`` picks it."""
+    if choose_kernel(kernel_kind, rhs, args, sparsity) == "warp":
+        plan = build_warp_plan(rhs, inp["n"], inp["P"], args=args, max_steps=max_steps,
+                               controller=controller, tableau=tableau, lanes=lanes)
+        check_plan_split(plan, rhs, inp, args)
+        return emulate_warp(plan, inp, args, module_dir=module_dir)
     plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                       max_steps=max_steps, controller=controller, tableau=tableau)
     check_plan_split(plan, rhs, inp, args)

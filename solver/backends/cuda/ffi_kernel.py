@@ -52,6 +52,8 @@ def layout(kernel_args, n_arg_leaves: int) -> np.ndarray:
             codes += [_F64_CODE, _F64_NAMES.index(name)]
         elif name == "n_traj":
             codes += [_NTRAJ_CODE, 0]
+        elif name == "sched":   # the warp kernel's lane tables: the input after the args leaves
+            codes += [_IN_CODE, len(_IN_NAMES) + n_arg_leaves]
         else:
             raise CudaBackendUnavailable(
                 f"the XLA FFI launch does not know the kernel argument {name!r} "

@@ -34,7 +34,7 @@ TARGET_NAME = "boltzmann_rodas_solve"            # platform CUDA
 PROBE_TARGET_NAME = "boltzmann_rodas_pack_probe"  # platform cpu (tests: packing without a GPU)
 HANDLER_SYMBOL = "BoltzmannRodasSolve"
 PROBE_SYMBOL = "BoltzmannRodasPackProbe"
-ABI_VERSION = 1
+ABI_VERSION = 2
 CXX_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++17")
 _SYMBOLS = (HANDLER_SYMBOL, PROBE_SYMBOL, "rodas_ffi_abi_version", "rodas_ffi_register_kernel",
             "rodas_ffi_launch_count", "rodas_ffi_driver_status")

@@ -115,7 +115,7 @@ def key_components(plan, kernel_args, example, entry: str | None = None) -> dict
             "numba": dist_version("numba"),
             "python": "%d.%d.%d" % sys.version_info[:3],
             "compute_capability": cc, "arg_types": arg_types(kernel_args, example),
-            "threads_per_block": int(THREADS_PER_BLOCK)}
+            "threads_per_block": int(getattr(plan, "threads_per_block", THREADS_PER_BLOCK))}
 
 
 def cache_key(components: dict) -> str:

@@ -30,9 +30,11 @@ from ...problem.inputs import (check_options, is_tracer, require_x64, validate_i
 from ...problem.solution import Solution
 from .codegen import KERNEL_ARGS
 from .ffi_kernel import RegisteredKernel, compile_and_register, expected_param_count, layout
+from .codegen.warp import WARP_KERNEL_ARGS
 from .plan import build_plan, check_plan_split
 from .tables import table_split_of
 from .toolchain import THREADS_PER_BLOCK, CudaBackendUnavailable
+from .warp_plan import build_warp_plan, warp_eligible
 
 __all__ = ["FfiLauncher", "FfiConfig"]
 
@@ -40,8 +42,10 @@ __all__ = ["FfiLauncher", "FfiConfig"]
 class FfiLauncher:
     """The XLA FFI launch of one CUDA backend (module docstring)."""
 
-    def __init__(self, library, kernel_cache=None, module_dir=None):
+    def __init__(self, library, kernel_cache=None, module_dir=None, kernel: str = "auto"):
         self.library, self.kernel_cache, self.module_dir = library, kernel_cache, module_dir
+        #: "auto" (the warp kernel where the rhs allows it), "warp" or "thread"
+        self.kernel = kernel
         self.configs = Cache("cuda.ffi_configs", maxsize=64)
         self.stats = {"ffi_calls": 0, "kernels_registered": 0, "compile_seconds": 0.0}
 
@@ -51,7 +55,7 @@ class FfiLauncher:
         sp = None if sparsity is None else np.asarray(sparsity, bool)
         key = (rhs, n, P, has_args, float(rtol), np.asarray(atol, np.float64).tobytes(),
                np.asarray(weights, np.float64).tobytes(), int(max_steps),
-               None if sp is None else sp.tobytes(), ctrl, tableau.name, probe)
+               None if sp is None else sp.tobytes(), ctrl, tableau.name, probe, self.kernel)
         return self.configs.get_or_build(key, lambda: FfiConfig(
             self, rhs, n, P, has_args, rtol, atol, weights, max_steps, sp, ctrl, tableau, probe))
 
@@ -116,6 +120,7 @@ class FfiLauncher:
         plan = kern.plan
         registered_now = self.stats["kernels_registered"] > regs
         info = {"linear_solver": "sparse", "launch": "xla-ffi",
+                "kernel": getattr(plan, "kind", "thread"), "lanes": getattr(plan, "lanes", 1),
                 "jacobian_colors": plan.jacobian_colors,
                 "jacobian": plan.jacobian_kind,
                 "lu_slots": int(plan.linear.nslots), "kernel_seconds": elapsed,
@@ -152,6 +157,12 @@ class FfiConfig:
         self.max_steps = int(max_steps)
         self.sparsity, self.controller, self.tableau = sparsity, controller, tableau
         self.probe = probe
+        mode = launcher.kernel
+        self.warp = mode != "thread" and sparsity is None and warp_eligible(rhs, has_args)
+        if mode == "warp" and not self.warp:
+            raise ValueError("CudaBackend(kernel='warp') needs an rhs with tables and a declared "
+                             "linear Jacobian (rhs.linear_jacobian) and sparsity=None")
+        self.kernel_args = WARP_KERNEL_ARGS if self.warp else KERNEL_ARGS
         self.kernels: dict = {}
         self.core = _make_core(self)
         self.jitted = None
@@ -161,16 +172,18 @@ class FfiConfig:
         k = self.kernels.get(meta)
         if k is not None:
             return k
-        codes = layout(KERNEL_ARGS, len(leaves))
+        codes = layout(self.kernel_args, len(leaves))
         in_ranks = [2, 1, 1, 2, 2, 1, 1, 1] + [int(np.ndim(x)) for x in leaves]
+        if self.warp:
+            in_ranks.append(1)    # sched
         out_ranks = [3, 1, 1, 1, 1]
         if self.probe:
             k = RegisteredKernel(0, codes,
                                  n_params=expected_param_count(codes, in_ranks, out_ranks))
         else:
             lau = self.launcher
-            k = compile_and_register(self.plan(leaves), KERNEL_ARGS,
-                                     self.example(KERNEL_ARGS, leaves), in_ranks, out_ranks,
+            k = compile_and_register(self.plan(leaves), self.kernel_args,
+                                     self.example(self.kernel_args, leaves), in_ranks, out_ranks,
                                      codes, library=lau.library, kernel_cache=lau.kernel_cache,
                                      stats=lau.stats, module_dir=lau.module_dir)
         self.kernels[meta] = k
@@ -183,6 +196,10 @@ class FfiConfig:
         # table_split_of wants a numeric array)
         args_example = np.zeros(np.shape(leaves[0]), np.float64) if self.has_args else None
         with jax.ensure_compile_time_eval():
+            if self.warp:
+                return build_warp_plan(self.rhs, self.n, self.P, args=args_example,
+                                       max_steps=self.max_steps, controller=self.controller,
+                                       tableau=self.tableau)
             return build_plan(self.rhs, self.n, self.P, args=args_example,
                               sparsity=self.sparsity, max_steps=self.max_steps,
                               controller=self.controller, tableau=self.tableau)
@@ -209,6 +226,8 @@ class FfiConfig:
         ex_leaves = [np.zeros((1,) * max(int(np.ndim(x)), 1), np.dtype(str(x.dtype)))
                      for x in leaves]
         vals["args"] = ex_leaves[0] if len(ex_leaves) == 1 else tuple(ex_leaves)
+        if self.warp:
+            vals["sched"] = self.plan(leaves).sched
         return [vals[name] for name in kernel_args]
 
 
@@ -304,6 +323,11 @@ def _ffi_solve(cfg, y0, t0, te, ts, params, h0, leaves):
     m = ts.shape[1]
     inputs = [y0, t0, te, ts, params, jnp.asarray(cfg.atol, f8), jnp.asarray(cfg.weights, f8),
               h0, *leaves_k]
+    tpb, lanes = THREADS_PER_BLOCK, 1
+    if cfg.warp:
+        plan = cfg.plan(leaves_k)
+        inputs.append(jnp.asarray(plan.sched, jnp.int32))
+        tpb, lanes = plan.threads_per_block, plan.lanes
     out_types = [jax.ShapeDtypeStruct((N, m, n), f8), jax.ShapeDtypeStruct((N,), f8),
                  jax.ShapeDtypeStruct((N,), jnp.int32), jax.ShapeDtypeStruct((N,), jnp.int32),
                  jax.ShapeDtypeStruct((N,), jnp.int32)]
@@ -315,5 +339,5 @@ def _ffi_solve(cfg, y0, t0, te, ts, params, h0, leaves):
     outs = call(*inputs, kernel_key=np.int64(kern.key), layout=kern.layout,
                 f64_scalars=np.array([cfg.rtol, cfg.n_weighted], np.float64),
                 i64_scalars=np.zeros(1, np.int64), traj_arg=np.int64(0),
-                threads_per_block=np.int64(THREADS_PER_BLOCK))
+                threads_per_block=np.int64(tpb), lanes_per_traj=np.int64(lanes))
     return tuple(outs)

@@ -19,12 +19,17 @@ from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array, table_split_of
 from .toolchain import THREADS_PER_BLOCK, cuda_modules, kernel_attr
+from .warp_plan import build_warp_plan, warp_eligible
 
-__all__ = ["solve_numba", "solve_sensitivities", "SENS_DOC_ARGS"]
+__all__ = ["solve_numba", "solve_sensitivities", "choose_kernel", "SENS_DOC_ARGS"]
 
 
-def solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau, module_dir=None):
-    """The plain kernel through a numba launch, on kernel inputs (``inputs.kernel_inputs``)."""
+def solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau, module_dir=None,
+                kernel_kind="auto"):
+    """The plain kernel through a numba launch, on kernel inputs (``inputs.kernel_inputs``);
+    the warp kernel where ``choose_kernel`` picks it."""
+    if choose_kernel(kernel_kind, rhs, args, sparsity) == "warp":
+        return _solve_numba_warp(rhs, inp, args, max_steps, controller, tableau, module_dir)
     plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                       max_steps=max_steps, controller=controller, tableau=tableau)
     check_plan_split(plan, rhs, inp, args)
@@ -58,6 +63,53 @@ def solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau, module
             "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
     return kernel_solution(ys.copy_to_host(), t_out.copy_to_host(), st.copy_to_host(),
                            nacc.copy_to_host(), nrej.copy_to_host(), "cuda", info)
+
+
+def _solve_numba_warp(rhs, inp, args, max_steps, controller, tableau, module_dir):
+    plan = build_warp_plan(rhs, inp["n"], inp["P"], args=args, max_steps=max_steps,
+                           controller=controller, tableau=tableau)
+    check_plan_split(plan, rhs, inp, args)
+    kernel = plan.kernel(module_dir)
+    cuda = plan._cuda
+    N, n, m = inp["N"], inp["n"], inp["t_save"].shape[1]
+    d = {k: cuda.to_device(inp[k]) for k in ("y0", "t0", "t_end", "t_save", "params", "atol",
+                                             "weights", "h0")}
+    ys = cuda.device_array((N, m, n), dtype=np.float64)
+    t_out = cuda.device_array(N, dtype=np.float64)
+    st = cuda.device_array(N, dtype=np.int32)
+    nacc = cuda.device_array(N, dtype=np.int32)
+    nrej = cuda.device_array(N, dtype=np.int32)
+    first = plan.compile_s is None
+    t_launch = time.perf_counter()
+    kernel[plan.blocks(N), plan.threads_per_block](
+        d["y0"], d["t0"], d["t_end"], d["t_save"], d["params"], cuda.to_device(args_array(args)),
+        inp["rtol"], d["atol"], d["weights"], d["h0"], inp["n_weighted"], ys, t_out, st, nacc,
+        nrej, np.int64(N), cuda.to_device(plan.sched))
+    cuda.synchronize()
+    elapsed = time.perf_counter() - t_launch
+    if first:
+        plan.compile_s = elapsed
+    info = {"linear_solver": "sparse", "kernel": "warp", "lanes": plan.lanes,
+            "jacobian": "direct", "jacobian_colors": 0, "lu_slots": int(plan.linear.nslots),
+            "kernel_seconds": elapsed, "first_call_includes_compile": first,
+            "host_setup_seconds": plan.host_setup_s, "kernel_module": plan.module_path,
+            "table_values": plan.spec.n_tv, "launch": "numba",
+            "local_mem_per_thread": kernel_attr(kernel, "get_local_mem_per_thread"),
+            "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
+    return kernel_solution(ys.copy_to_host(), t_out.copy_to_host(), st.copy_to_host(),
+                           nacc.copy_to_host(), nrej.copy_to_host(), "cuda", info)
+
+
+def choose_kernel(kind: str, rhs, args, sparsity) -> str:
+    """"warp" or "thread" for a plain solve: ``kind`` "auto" takes the warp kernel where the rhs
+    allows it (``warp_plan.warp_eligible``, no explicit sparsity)."""
+    if kind == "thread":
+        return "thread"
+    ok = sparsity is None and warp_eligible(rhs, args is not None)
+    if kind == "warp" and not ok:
+        raise ValueError("CudaBackend(kernel='warp') needs an rhs with tables and a declared "
+                         "linear Jacobian (rhs.linear_jacobian) and sparsity=None")
+    return "warp" if ok else "thread"
 
 
 SENS_DOC_ARGS = """

@@ -13,8 +13,9 @@
 //     never travels through the HLO.
 //   * On execution the handler finds the CUDA context of XLA's stream (cuStreamGetCtx), loads the
 //     cubin into that context with cuModuleLoadData the first time (one module per key and
-//     context, kept for the life of the process), and launches ceil(N/tpb) blocks of tpb
-//     threads on XLA's stream with cuLaunchKernel.  No synchronisation: XLA orders the
+//     context, kept for the life of the process), and launches ceil(N*lanes/tpb) blocks of tpb
+//     threads on XLA's stream with cuLaunchKernel (lanes = the attribute `lanes_per_traj`: 1
+//     for the thread kernel, the warp width for the warp kernel).  No synchronisation: XLA orders the
 //     outputs' consumers.
 //
 // Kernel-argument layout (what numba-cuda-mlir's own launcher does; see cuda_ffi.py's docstring):
@@ -63,7 +64,7 @@ typedef struct CUmod_st* CUmodule;
 typedef struct CUfunc_st* CUfunction;
 typedef struct CUstream_st* CUstream;
 
-constexpr int kAbiVersion = 1;
+constexpr int kAbiVersion = 2;
 
 struct Driver {
   bool loaded = false;
@@ -319,9 +320,14 @@ ffi::Error PackParams(const ffi::RemainingArgs& args, const ffi::RemainingRets& 
 ffi::Error RodasSolveImpl(CUstream stream, ffi::RemainingArgs args, ffi::RemainingRets rets,
                           int64_t kernel_key, ffi::Span<const int64_t> layout,
                           ffi::Span<const double> f64_scalars, ffi::Span<const int64_t> i64_scalars,
-                          int64_t traj_arg, int64_t threads_per_block) {
+                          int64_t traj_arg, int64_t threads_per_block,
+                          int64_t lanes_per_traj) {
   if (threads_per_block <= 0 || threads_per_block > 1024) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "rodas_ffi: bad threads_per_block");
+  }
+  if (lanes_per_traj <= 0 || threads_per_block % lanes_per_traj != 0) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument,
+                      "rodas_ffi: lanes_per_traj must divide threads_per_block");
   }
   std::vector<Slot> slots;
   int64_t n_traj = 0;
@@ -381,7 +387,8 @@ ffi::Error RodasSolveImpl(CUstream stream, ffi::RemainingArgs args, ffi::Remaini
     pushed = true;
   }
   const int64_t tpb = threads_per_block;
-  const int64_t blocks = (n_traj + tpb - 1) / tpb;
+  const int64_t threads = n_traj * lanes_per_traj;
+  const int64_t blocks = (threads + tpb - 1) / tpb;
   rc = d.cuLaunchKernel(fn->function, static_cast<unsigned int>(blocks), 1, 1,
                         static_cast<unsigned int>(tpb), 1, 1, 0, stream, params.data(), nullptr);
   if (pushed) {
@@ -404,9 +411,10 @@ ffi::Error RodasSolveImpl(CUstream stream, ffi::RemainingArgs args, ffi::Remaini
 ffi::Error PackProbeImpl(ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t kernel_key,
                          ffi::Span<const int64_t> layout, ffi::Span<const double> f64_scalars,
                          ffi::Span<const int64_t> i64_scalars, int64_t traj_arg,
-                         int64_t threads_per_block) {
+                         int64_t threads_per_block, int64_t lanes_per_traj) {
   (void)kernel_key;
   (void)threads_per_block;
+  (void)lanes_per_traj;
   if (rets.size() == 0) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "probe: needs a dump result");
   }
@@ -441,7 +449,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BoltzmannRodasSolve, RodasSolveImpl,
                                   .Attr<ffi::Span<const double>>("f64_scalars")
                                   .Attr<ffi::Span<const int64_t>>("i64_scalars")
                                   .Attr<int64_t>("traj_arg")
-                                  .Attr<int64_t>("threads_per_block"));
+                                  .Attr<int64_t>("threads_per_block")
+                                  .Attr<int64_t>("lanes_per_traj"));
 
 // The same decoding and packing on the host platform, for tests without a GPU.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(BoltzmannRodasPackProbe, PackProbeImpl,
@@ -453,7 +462,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(BoltzmannRodasPackProbe, PackProbeImpl,
                                   .Attr<ffi::Span<const double>>("f64_scalars")
                                   .Attr<ffi::Span<const int64_t>>("i64_scalars")
                                   .Attr<int64_t>("traj_arg")
-                                  .Attr<int64_t>("threads_per_block"));
+                                  .Attr<int64_t>("threads_per_block")
+                                  .Attr<int64_t>("lanes_per_traj"));
 
 extern "C" {
 
