@@ -164,9 +164,10 @@ def clear_cache(settings: Settings) -> list[Path]:
     return removed
 
 
-def backend_for(name: str, settings: Settings = Settings()):
+def backend_for(name: str, settings: Settings = Settings(), kernel: str = "auto"):
     """The solver backend for "jax", "cuda" or "auto" with the settings' CUDA options: "jax", or
-    a ``solver.CudaBackend`` keeping its kernels under the cache root."""
+    a ``solver.CudaBackend`` keeping its kernels under the cache root (``kernel``: its
+    ``CudaBackend(kernel=)``, "auto" = the warp kernel for the EB models)."""
     from solver import CudaBackend, pick_backend
 
     if name == "auto":
@@ -175,4 +176,4 @@ def backend_for(name: str, settings: Settings = Settings()):
         return name
     root = None if settings.cache_root is None else settings.cache_root / CUDA_DIR
     return CudaBackend(launch=settings.cuda_launch, cache_root=root,
-                       ffi_library=settings.ffi_library, cxx=settings.cxx)
+                       ffi_library=settings.ffi_library, cxx=settings.cxx, kernel=kernel)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Kernel variants side by side in one process: the declared Jacobian against colour sweeps, the
-CUDA kernel's rolled stage loop against the unrolled stages, and the baryons' error weight
-(precision ``baryon_error_weight``; the same kernel, the weights are its arguments).
+"""Kernel variants side by side in one process: the warp kernel against the thread kernel, the
+declared Jacobian against colour sweeps, the thread kernel's rolled stage loop against the
+unrolled stages, and the baryons' error weight (precision ``baryon_error_weight``; the same
+kernel, the weights are its arguments).
 
 The EB rhs declares its Jacobian (``rhs.linear_jacobian``, derived from the linear source by
 models/linear_jacobian.py); the solver then evaluates J's entries directly and sweeps only in t.
@@ -15,8 +16,11 @@ share, steps per mode, and the largest relative P(k) difference between the two.
     python scripts/bench_jacobian_kinds.py --backend cuda --variants direct,unrolled --out DIR
     python scripts/bench_jacobian_kinds.py --backend jax --cosmologies 1 --k-per-decade 4  # CPU
     python scripts/bench_jacobian_kinds.py --backend cuda --variants bw=1,bw=0.1 --out DIR
+    python scripts/bench_jacobian_kinds.py --backend cuda --variants warp,thread --out DIR
 
-A variant ``bw=W`` is the model as it is ("direct") solved with ``baryon_error_weight`` = W.
+A variant ``bw=W`` is the model as it is ("direct") solved with ``baryon_error_weight`` = W;
+``warp`` and ``thread`` are the model as it is on ``CudaBackend(kernel="warp" | "thread")``
+(``direct`` and the other variants use the backend's default, the warp kernel for this model).
 """
 from __future__ import annotations
 
@@ -140,13 +144,16 @@ def main(argv=None):
             cfg.output, k_per_decade=args.k_per_decade))
     base = modes.model_for(cfg.cosmology, cfg.precision)
     known = {"direct": lambda: base, "colored": lambda: colored(base),
-             "unrolled": lambda: distinct(base)}
+             "unrolled": lambda: distinct(base), "warp": lambda: base,
+             "thread": lambda: distinct(base)}
     variants = args.variants.split(",")
     bad = [v for v in variants if v not in known and not v.startswith("bw=")]
     if bad:
         ap.error(f"--variants: unknown {bad}; choose from {sorted(known)}")
-    if "unrolled" in variants and args.backend != "cuda":
-        ap.error("--variants unrolled is a CUDA kernel variant: use --backend cuda")
+    if {"unrolled", "warp", "thread"} & set(variants) and args.backend != "cuda":
+        ap.error("--variants unrolled/warp/thread are CUDA kernel variants: use --backend cuda")
+    backends = {v: backend_for(args.backend, settings, kernel=v) if v in ("warp", "thread")
+                else backend for v in variants}
     models = {v: known[v]() if v in known else base for v in variants}
     configs = {v: with_baryon_weight(cfg, v) if v.startswith("bw=") else cfg for v in variants}
     machine = os.environ.get("BENCH_MACHINE", platform.node())
@@ -157,11 +164,11 @@ def main(argv=None):
         for C in args.cosmologies:
             cosmos = fiducial_ensemble(C, cfg)
             with _stages(kind):
-                first, _, _ = run_stages(cosmos, configs[kind], model, backend)
+                first, _, _ = run_stages(cosmos, configs[kind], model, backends[kind])
             walls, solves = [], []
             for _ in range(args.repeats):
                 with _stages(kind):
-                    wall, tr, sp = run_stages(cosmos, configs[kind], model, backend)
+                    wall, tr, sp = run_stages(cosmos, configs[kind], model, backends[kind])
                 walls.append(wall)
                 solves.append(tr.timings["solve"])
             pk[(kind, C)] = np.asarray(sp.pk_m)
@@ -169,7 +176,8 @@ def main(argv=None):
             row = {"kind": kind, "cosmologies": C, "first_s": first,
                    "warm_s": statistics.median(walls), "solve_s": statistics.median(solves),
                    "steps_median": float(np.median(steps)), "steps_max": int(steps.max()),
-                   "jacobian": tr.solver_info.get("jacobian"), "failed": int(np.sum(
+                   "jacobian": tr.solver_info.get("jacobian"),
+                   "kernel": tr.solver_info.get("kernel"), "failed": int(np.sum(
                        np.asarray(tr.status) != 0))}
             rows.append(row)
             print(json.dumps(row), flush=True)

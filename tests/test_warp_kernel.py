@@ -1,0 +1,238 @@
+"""The warp kernel (solver/backends/cuda/codegen/warp.py) and what it is built from, on the CPU.
+
+* forward mode (solver/linalg/forward_mode.py): the tangent of generated straight-line code equals
+  ``jax.jvp``, on a small function and on the EB model's Jacobian entries;
+* the depth ordering (solver/linalg/ordering.py) gives a valid LU with far fewer levels than AMD;
+* the lane tables (warp_schedule.py): every level is race-free, the tables factor and solve as
+  the straight-line LU does, each state has exactly one owner;
+* the kernel text run lane by lane with its synchronisations (warp_emulation.py): the same steps
+  and statuses as the JAX backend, values to rounding, the same bits whatever order the lanes
+  run in, failures reported per trajectory; its Jacobian kernel against ``jax.jacfwd``;
+* the XLA FFI packing of its arguments (the lane table after the tables), and the kernel choice.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from solver import CudaBackend, Status, solve
+from solver.backends.cuda.inputs import prepare
+from solver.backends.cuda.warp_emulation import emulate_warp, warp_jacobian_emulated
+from solver.backends.cuda.warp_plan import build_warp_plan, warp_eligible
+from solver.backends.cuda.warp_schedule import (build_warp_schedule, check_levels, run_factor,
+                                                run_solve)
+from solver.linalg.codegen import compile_functions
+from solver.linalg.direct import build_direct_jacobian, declared_pattern
+from solver.linalg.forward_mode import NotDifferentiable, tangent_source
+from solver.linalg.linear import build_linear_solver
+from solver.linalg.ordering import elimination_levels
+from stiff_problems import ROBERTSON
+from test_cuda_backend import EB_ATOL, EB_RTOL, _eb_setup, check_eb_jacobian
+
+_SMALL = '''def f(x, p, tv):
+    a = M.exp(x)
+    b = M.sqrt(a * tv[0] + 2.0)
+    c = p[0] * b / (1.0 + tv[1] ** 2.0)
+    d = M.log(c * c) - a / b
+    e = -d + 3.0 * p[1]
+    return (c, d, e, p[0])
+'''
+
+
+def test_tangent_of_straight_line_code_equals_jvp():
+    ts = tangent_source(_SMALL, "f", {"x": "1.0", "tv": ("array", "dtv")}, "f_dt")
+    assert ts.args == ("x", "p", "tv", "dtv") and ts.n_out == 4
+    out = {}
+    for mod, name in ((math, "py"), (jnp, "jax")):
+        out[name] = compile_functions(ts.source, ["f_dt"], "t", {"M": mod})["f_dt"]
+    f = compile_functions(_SMALL, ["f"], "f", {"M": jnp})["f"]
+    p, tv, dtv = np.array([1.3, 0.4]), np.array([0.7, -0.2]), np.array([0.3, 1.1])
+    x = -0.6
+    prim, tan = jax.jvp(lambda x_, tv_: jnp.stack(f(x_, p, tv_)), (x, jnp.asarray(tv)),
+                        (1.0, jnp.asarray(dtv)))
+    got = np.array(out["py"](x, p, tv, dtv))
+    np.testing.assert_allclose(got[:4], prim, rtol=1e-15)
+    np.testing.assert_allclose(got[4:], tan, rtol=1e-13, atol=1e-15)
+    assert got[7] == 0.0   # p[0] is constant: its tangent is the literal zero
+    with pytest.raises(NotDifferentiable, match="abs"):
+        tangent_source("def g(x):\n    y = abs(x)\n    return (y,)\n", "g", {"x": "1.0"}, "h")
+
+
+@pytest.fixture(scope="module")
+def eb_small():
+    k = np.array([0.005, 0.05, 0.3])
+    return (k,) + _eb_setup(k)
+
+
+def test_eb_entries_tangent_equals_jvp(eb_small):
+    _, model, *_ = eb_small
+    lj = model.linear_jacobian
+    ts = tangent_source(lj.device_source, "jacobian_core", {"x": "1.0", "tv": ("array", "dtv")},
+                        "jac_dt")
+    fn = compile_functions(ts.source, ["jac_dt"], "t", {"M": math})["jac_dt"]
+    rng = np.random.default_rng(1)
+    P = len(model.param_names)
+    p = rng.uniform(0.5, 2.0, P)
+    p[1] = 0.0
+    tv, dtv = rng.uniform(-2, 2, 4), rng.uniform(-2, 2, 4)
+    got = np.array(fn(-7.0, p, tv, dtv))
+    prim, tan = jax.jvp(lambda x_, t_: jnp.stack(lj.core(x_, p, t_)), (-7.0, jnp.asarray(tv)),
+                        (1.0, jnp.asarray(dtv)))
+    m = lj.nnz
+    np.testing.assert_allclose(got[:m], prim, rtol=1e-14, atol=0)
+    scale = np.abs(np.asarray(tan)).max()
+    assert np.abs(got[m:] - np.asarray(tan)).max() <= 1e-13 * scale
+
+
+def test_depth_order_and_lane_tables(eb_small):
+    _, model, *_ = eb_small
+    lj = model.linear_jacobian
+    pat = declared_pattern(lj, model.n)
+    amd = build_linear_solver(pat, method="sparse")
+    deep = build_linear_solver(pat, method="sparse", ordering="depth")
+    assert sorted(deep.symbolic.order.tolist()) == list(range(model.n))
+    assert sum(elimination_levels(deep.symbolic)) < sum(elimination_levels(amd.symbolic))
+    placed = build_direct_jacobian(lj, deep.slot_rows, deep.slot_cols)
+    for lanes in (1, 5, 32):
+        ws = build_warp_schedule(deep, lj.rows, lj.cols, placed.entry_slots, lanes)
+        check_levels(ws)
+        own = ws.section("own")[:lanes * ws.per_lane]
+        assert sorted(own[own >= 0].tolist()) == list(range(model.n))
+        rng = np.random.default_rng(lanes)
+        A = np.zeros((model.n, model.n))
+        A[np.asarray(lj.rows), np.asarray(lj.cols)] = rng.standard_normal(lj.nnz)
+        A += 8.0 * np.eye(model.n)
+        w = deep.from_dense(A)
+        w[deep.is_fill] = 0.0
+        lu = run_factor(ws, w)
+        ref = np.array(compile_functions(deep.source, ["lu_factor"], "lu")["lu_factor"](w))
+        np.testing.assert_allclose(lu, ref, rtol=1e-13, atol=1e-15)
+        b = rng.standard_normal(model.n)
+        np.testing.assert_allclose(A @ run_solve(ws, lu, b, deep.symbolic.position), b,
+                                   atol=1e-12)
+    with pytest.raises(ValueError, match="ordering"):
+        build_linear_solver(pat, method="sparse", ordering="metis")
+
+
+def test_depth_order_shortens_the_default_model_solves():
+    """configs/lcdm.yaml's model (n = 217): 59 + 59 solve levels under AMD, 16 + 17 in depth
+    order, at 27 % more LU slots."""
+    from boltzmann import modes
+    from boltzmann.params import load_config
+
+    cfg = load_config("lcdm")
+    model = modes.model_for(cfg.cosmology, cfg.precision)
+    pat = declared_pattern(model.linear_jacobian, model.n)
+    amd = build_linear_solver(pat, method="sparse")
+    deep = build_linear_solver(pat, method="sparse", ordering="depth")
+    assert sum(elimination_levels(deep.symbolic)) <= 0.3 * sum(elimination_levels(amd.symbolic))
+    assert deep.nslots <= 1.35 * amd.nslots
+
+
+def test_emulated_warp_kernel_matches_jax_in_any_lane_order(eb_small):
+    k, model, table, params, x0, y0, w = eb_small
+    xs = np.linspace(x0.max(), -9.0, 4)
+    a = solve(model.rhs, y0, xs, params, args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL,
+              error_weights=w)
+    plan = build_warp_plan(model.rhs, model.n, params.shape[1], args=table, lanes=8)
+    inp = prepare(y0, np.tile(xs, (len(k), 1)), params, EB_RTOL, EB_ATOL, x0, None, w, 100_000,
+                  None)
+    runs = {order: emulate_warp(plan, inp, table, lane_order=order)
+            for order in ("forward", "reverse", "shuffle")}
+    b = runs["forward"]
+    assert np.all(b.status == Status.OK)
+    np.testing.assert_array_equal(b.n_accepted, np.asarray(a.n_accepted))
+    ctrl = w > 0
+    ya, yb = np.asarray(a.ys)[..., ctrl], b.ys[..., ctrl]
+    rel = np.abs(yb - ya) / np.maximum(np.abs(ya), EB_ATOL / EB_RTOL)
+    assert rel.max() <= 1e-9, rel.max()
+    for order in ("reverse", "shuffle"):
+        np.testing.assert_array_equal(runs[order].ys, b.ys)
+        np.testing.assert_array_equal(runs[order].n_accepted, b.n_accepted)
+
+
+def test_emulated_warp_kernel_reports_failures(eb_small):
+    k, model, table, params, x0, y0, w = eb_small
+    xs = np.linspace(x0.max(), -9.0, 3)
+    kw = dict(args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL, error_weights=w, max_steps=40)
+    a = solve(model.rhs, y0, xs, params, **kw)
+    b = solve(model.rhs, y0, xs, params, backend=CudaBackend(launch="emulated"), **kw)
+    assert b.info["kernel"] == "warp"
+    np.testing.assert_array_equal(b.status, np.asarray(a.status))
+    assert np.any(b.status == Status.MAX_STEPS) and np.any(b.status == Status.OK)
+    np.testing.assert_array_equal(np.isnan(b.ys), np.isnan(np.asarray(a.ys)))
+
+
+def test_emulated_warp_jacobian_kernel(eb_small):
+    k, model, table, params, x0, y0, _ = eb_small
+    rng = np.random.default_rng(3)
+    xs = np.concatenate([x0, [-14.0, np.log(1.0 / 1100.0) + 0.03, -0.4]])
+    P = np.concatenate([params, params])
+    y = np.concatenate([y0, y0 * (1.0 + 0.3 * rng.standard_normal(y0.shape))])
+    plan = build_warp_plan(model.rhs, model.n, params.shape[1], args=table, lanes=4)
+    f, jv, dfdt = warp_jacobian_emulated(plan, y, xs, P, table)
+    check_eb_jacobian(model, table, y, xs, P, f, jv, dfdt, plan)
+
+
+def test_kernel_choice():
+    assert not warp_eligible(ROBERTSON.rhs, False)
+    y0 = np.tile(ROBERTSON.y0, (2, 1))
+    params = np.tile(ROBERTSON.params, (2, 1))
+    sol = solve(ROBERTSON.rhs, y0, np.array([0.0, 1.0]), params, rtol=1e-5, atol=1e-10,
+                backend=CudaBackend(launch="emulated"))
+    assert sol.info.get("kernel", "thread") == "thread"
+    with pytest.raises(ValueError, match="kernel='warp'"):
+        solve(ROBERTSON.rhs, y0, np.array([0.0, 1.0]), params,
+              backend=CudaBackend(launch="emulated", kernel="warp"))
+    with pytest.raises(ValueError, match="kernel must be"):
+        CudaBackend(kernel="block")
+
+
+def test_affine_rhs_is_refused(eb_small):
+    from solver.backends.cuda.codegen.warp_entries import check_homogeneous
+
+    _, model, *_ = eb_small
+    core = model.table_split.core_device
+    check_homogeneous(core, model.n, len(model.param_names), 4)
+
+    def affine(y, x, p, tv):
+        return tuple(v + 1e-3 for v in core(y, x, p, tv))
+
+    with pytest.raises(ValueError, match="affine"):
+        check_homogeneous(affine, model.n, len(model.param_names), 4)
+
+
+def test_ffi_packs_the_lane_table_after_the_tables(eb_small):
+    """Through a real ffi_call on the CPU (the handler's packing twin): the warp kernel's
+    arguments in WARP_KERNEL_ARGS order, the lane table as the last array."""
+    import shutil
+
+    from solver import RODAS5P
+    from solver.backends.cuda.codegen.warp import WARP_KERNEL_ARGS
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found: the FFI handler cannot be built")
+    k, model, table, params, x0, y0, w = eb_small
+    xs = np.linspace(x0.max(), -9.0, 3)
+    N, n, m = len(k), model.n, xs.size
+    dump = np.asarray(CudaBackend(launch="ffi").solve_jax(
+        model.rhs, y0, xs, params, args=table, rtol=1e-5, atol=1e-10, t0=x0, t_end=None,
+        sparsity=None, error_weights=w, max_steps=1000, first_step=None, controller=None,
+        tableau=RODAS5P, probe=True, jit_eager=False)[5])[0]
+    plan = build_warp_plan(model.rhs, n, params.shape[1], args=table)
+    P = params.shape[1]
+    shapes = {"y0": (N, n), "t0": (N,), "t_end": (N,), "t_save": (N, m), "params": (N, P),
+              "args": table.shape, "atol": (n,), "weights": (n,), "h0": (N,), "ys": (N, m, n),
+              "t_out": (N,), "status": (N,), "n_accepted": (N,), "n_rejected": (N,),
+              "sched": plan.sched.shape}
+    pos = 1
+    for name in WARP_KERNEL_ARGS:
+        if name in shapes:
+            r = len(shapes[name])
+            assert list(dump[pos + 3:pos + 3 + r]) == list(shapes[name]), name
+            pos += 3 + 2 * r
+        else:
+            pos += 1
+    assert dump[0] == pos - 1 and dump[pos - 1 - 3 - 2] == N   # n_traj just before sched
