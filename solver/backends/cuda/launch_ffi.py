@@ -175,7 +175,7 @@ class FfiConfig:
         codes = layout(self.kernel_args, len(leaves))
         in_ranks = [2, 1, 1, 2, 2, 1, 1, 1] + [int(np.ndim(x)) for x in leaves]
         if self.warp:
-            in_ranks.append(1)    # sched
+            in_ranks += [1, 1]    # sched, sched_f
         out_ranks = [3, 1, 1, 1, 1]
         if self.probe:
             k = RegisteredKernel(0, codes,
@@ -228,6 +228,7 @@ class FfiConfig:
         vals["args"] = ex_leaves[0] if len(ex_leaves) == 1 else tuple(ex_leaves)
         if self.warp:
             vals["sched"] = self.plan(leaves).sched
+            vals["sched_f"] = self.plan(leaves).sched_f
         return [vals[name] for name in kernel_args]
 
 
@@ -326,7 +327,7 @@ def _ffi_solve(cfg, y0, t0, te, ts, params, h0, leaves):
     tpb, lanes = THREADS_PER_BLOCK, 1
     if cfg.warp:
         plan = cfg.plan(leaves_k)
-        inputs.append(jnp.asarray(plan.sched, jnp.int32))
+        inputs += [jnp.asarray(plan.sched, jnp.uint32), jnp.asarray(plan.sched_f, f8)]
         tpb, lanes = plan.threads_per_block, plan.lanes
     out_types = [jax.ShapeDtypeStruct((N, m, n), f8), jax.ShapeDtypeStruct((N,), f8),
                  jax.ShapeDtypeStruct((N,), jnp.int32), jax.ShapeDtypeStruct((N,), jnp.int32),

@@ -84,7 +84,7 @@ def _solve_numba_warp(rhs, inp, args, max_steps, controller, tableau, module_dir
     kernel[plan.blocks(N), plan.threads_per_block](
         d["y0"], d["t0"], d["t_end"], d["t_save"], d["params"], cuda.to_device(args_array(args)),
         inp["rtol"], d["atol"], d["weights"], d["h0"], inp["n_weighted"], ys, t_out, st, nacc,
-        nrej, np.int64(N), cuda.to_device(plan.sched))
+        nrej, np.int64(N), cuda.to_device(plan.sched), cuda.to_device(plan.sched_f))
     cuda.synchronize()
     elapsed = time.perf_counter() - t_launch
     if first:

@@ -65,6 +65,7 @@ def warp_emulation_module(plan, module_dir=None):
     emu = _WarpEmu()
     mod.cuda = emu
     mod.F64 = np.float64
+    mod.U64 = int
     mod.table_values = plan.split.lookup_device
     mod.table_values_dt = plan.split.lookup_dt_device
     return mod, emu
@@ -72,7 +73,7 @@ def warp_emulation_module(plan, module_dir=None):
 
 def run_warps(fn, call_args, n_traj, plan, emu, lane_order="forward", seed=0):
     """Run generator kernel ``fn`` over ``n_traj`` trajectories, a warp at a time."""
-    W, wpb = plan.lanes, plan.spec.warps_per_block
+    W, wpb = plan.lanes, 1
     rng = np.random.default_rng(seed)
     for block in range(-(-n_traj // wpb)):
         emu.block_shared, emu.calls = [], {}
@@ -116,7 +117,7 @@ def emulate_warp(plan, inp, args, lane_order="forward", module_dir=None):
     nrej = np.zeros(N, np.int32)
     call = (inp["y0"], inp["t0"], inp["t_end"], inp["t_save"], inp["params"], args_array(args),
             inp["rtol"], inp["atol"], inp["weights"], inp["h0"], inp["n_weighted"], ys, t_out,
-            st, nacc, nrej, N, plan.sched)
+            st, nacc, nrej, N, plan.sched, plan.sched_f)
     run_warps(mod.kernel, call, N, plan, emu, lane_order)
     return kernel_solution(ys, t_out, st, nacc, nrej, "cuda-emulated",
                            {"kernel": "warp", "lanes": plan.lanes, "jacobian": "direct",
@@ -137,6 +138,6 @@ def warp_jacobian_emulated(plan, y, t, params, args, lane_order="forward"):
     f = np.full((N, plan.n), np.nan)
     jv = np.full((N, plan.linear.nslots), np.nan)
     dfdt = np.full((N, plan.n), np.nan)
-    run_warps(mod.jac_kernel, (y, t, params, args_array(args), f, jv, dfdt, N, plan.sched), N,
-              plan, emu, lane_order)
+    run_warps(mod.jac_kernel, (y, t, params, args_array(args), f, jv, dfdt, N, plan.sched,
+                               plan.sched_f), N, plan, emu, lane_order)
     return f, jv, dfdt

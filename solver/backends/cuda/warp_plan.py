@@ -10,7 +10,9 @@ elimination order of few levels (``ordering="depth"``), the lane tables (``warp_
 entry functions (``codegen.warp_entries``) and the module text; the numba-cuda-mlir kernel is
 compiled on first use.  It offers what the launch paths read of a plan (``source``, ``split``,
 ``linear``, ``spec``, ``kernel()``, ``jacobian_kind``), plus ``lanes``, ``threads_per_block`` and
-``sched`` (the int32 table the kernel takes as its last argument).
+``sched`` / ``sched_f`` (the uint32 and float64 tables, the kernel's last two arguments).  One
+block is one warp: the schedule's offsets are then literals, and a block's shared memory is one
+trajectory's.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from ...linalg.direct import build_direct_jacobian, declared_pattern, direct_jac
 from ...linalg.linear import build_linear_solver
 from ...method.controller import PIDController
 from ...method.tableau import RODAS5P
+from ...linalg.entry_terms import expand_entries
 from .codegen.warp import WarpSpec, generate_warp_source
-from .codegen.warp_entries import check_homogeneous, entry_functions
+from .codegen.warp_entries import check_homogeneous, monomial_functions
 from .modules import load_module
 from .tables import table_split_of
 from .warp_schedule import build_warp_schedule
@@ -35,8 +38,6 @@ __all__ = ["WarpPlan", "warp_eligible", "build_warp_plan", "WARP_SIZE", "MAX_STA
 WARP_SIZE = 32
 #: static shared memory a block may declare without an opt-in
 MAX_STATIC_SHARED = 48 * 1024
-#: at most this many warps (trajectories) per block
-MAX_WARPS_PER_BLOCK = 4
 
 WARP_PLANS = Cache("cuda.warp_plans", maxsize=32)
 
@@ -69,24 +70,22 @@ class WarpPlan:
         self.pattern = declared_pattern(lj, n)
         self.linear = build_linear_solver(self.pattern, method="sparse", ordering="depth")
         placed = build_direct_jacobian(lj, self.linear.slot_rows, self.linear.slot_cols)
+        self.terms = expand_entries(lj.device_source)
         self.schedule = build_warp_schedule(self.linear, lj.rows, lj.cols, placed.entry_slots,
-                                            lanes)
-        entries = entry_functions(lj.device_source, len(lj.rows))
-        per_warp = WarpSpec(n=n, n_params=P, n_tv=int(self.split.n_tv), m=len(lj.rows),
-                            max_steps=int(max_steps), tableau=tab, controller=ctrl,
-                            schedule=self.schedule, entries_source=entries).shared_bytes
-        wpb = max(1, min(MAX_WARPS_PER_BLOCK, MAX_STATIC_SHARED // per_warp))
-        if per_warp > MAX_STATIC_SHARED:
-            raise NotImplementedError(
-                f"the warp kernel needs {per_warp} B of shared memory per trajectory (n = {n}, "
-                f"{self.linear.nslots} LU slots), more than a block's static {MAX_STATIC_SHARED} B")
+                                            self.terms, lanes)
         self.spec = WarpSpec(n=n, n_params=P, n_tv=int(self.split.n_tv), m=len(lj.rows),
-                             max_steps=int(max_steps), tableau=tab, controller=ctrl,
-                             schedule=self.schedule, entries_source=entries,
-                             warps_per_block=int(wpb))
+                             n_mono=len(self.terms.monomials), max_steps=int(max_steps),
+                             tableau=tab, controller=ctrl, schedule=self.schedule,
+                             mono_source=monomial_functions(self.terms))
+        if self.spec.shared_bytes > MAX_STATIC_SHARED:
+            raise NotImplementedError(
+                f"the warp kernel needs {self.spec.shared_bytes} B of shared memory per "
+                f"trajectory (n = {n}, {self.linear.nslots} LU slots), more than a block's "
+                f"static {MAX_STATIC_SHARED} B")
         self.lanes = lanes
-        self.threads_per_block = lanes * self.spec.warps_per_block
-        self.sched = self.schedule.table
+        self.threads_per_block = lanes
+        self.sched = self.schedule.ints
+        self.sched_f = self.schedule.reals
         self.source = generate_warp_source(self.spec)
         self.host_setup_s = time.perf_counter() - t_start
         self._kernel = None
@@ -105,9 +104,10 @@ class WarpPlan:
             mod = self.module("gpu", module_dir)
             mod.cuda = cuda
             mod.F64 = types.float64
+            mod.U64 = types.uint64
             mod.table_values = cuda.jit(device=True)(self.split.lookup_device)
             mod.table_values_dt = cuda.jit(device=True)(self.split.lookup_dt_device)
-            for name in ("_nmax", "_nmin", "_isfin", "jac_entries", "jac_dt_entries"):
+            for name in ("_nmax", "_nmin", "_isfin", "mono_eval", "mono_dt_eval"):
                 setattr(mod, name, cuda.jit(device=True)(getattr(mod, name)))
             self._cuda = cuda
             self._kernel = cuda.jit(mod.kernel)
@@ -115,7 +115,7 @@ class WarpPlan:
         return self._kernel
 
     def blocks(self, n_traj: int) -> int:
-        return -(-int(n_traj) // self.spec.warps_per_block)
+        return int(n_traj)
 
     def jacobian(self, y, t, params, args):
         """(f, J in slot layout, df/dt) at points (N, n) through the warp device code on the GPU
@@ -133,7 +133,7 @@ class WarpPlan:
         self._jac_kernel[self.blocks(N), self.threads_per_block](
             cuda.to_device(y), cuda.to_device(t), cuda.to_device(params),
             cuda.to_device(args_array(args)), f, jv, dfdt, np.int64(N),
-            cuda.to_device(self.sched))
+            cuda.to_device(self.sched), cuda.to_device(self.sched_f))
         cuda.synchronize()
         return f.copy_to_host(), jv.copy_to_host(), dfdt.copy_to_host()
 

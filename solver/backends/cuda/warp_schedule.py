@@ -1,26 +1,29 @@
 """Host-side tables that let the lanes of one warp share a trajectory's linear algebra.
 
 The warp kernel (``codegen.warp``) runs one trajectory on ``lanes`` threads.  What each lane does
-is data, built here once per plan and passed to the kernel as one int32 array (``table``, its
-sections at the offsets in ``offsets``, which the kernel text holds as literals):
+is data, laid out so that the kernel text can be straight-line: every *field* is one row of
+``lanes`` values (lane l reads ``table[offset + l]``, the offset a literal of the text), and
+every phase is a sequence of *rounds*, each a fixed number of fields that every lane reads,
+padded where a lane has less to do.  Two arrays carry them: ``ints`` (uint32) and ``reals``
+(float64, the Jacobian's term constants).
 
-* ``own``/``ownp`` (lanes × K): the states a lane owns -- their stage vectors live in its local
-  memory, it computes their rows of f = J y and writes their entries of every right-hand side
-  -- and their positions in elimination order (-1 pads a lane with fewer than K).  Rows are
-  dealt largest first to the least loaded lane, by the row's count of Jacobian entries.
-* ``jrow``/``jcol``: J's entries in CSR form (row-major, the order of the declared entries).
-* ``wslot``: per LU slot, ``2 (e + 1) + diagonal``: the entry e that fills it (-1: fill) and
-  whether 1/(hγ) is added, for W = I/(hγ) − J.
-* factorisation levels: every operation of ``sparse_lu.factor_schedule`` placed at the first
-  level where its inputs are final.  Within a level the operations into one slot commute and
-  form one task (dst, count, pairs) run by one lane, so no two lanes write a slot in a level and
-  no lane reads a slot another writes in it (:func:`check_levels`).  A scale is
-  (dst, -1, s_kk), a pivot (dst, -2).
-* triangular-solve levels: a forward task (k, count, (slot, j)…) subtracts the row's final
-  z_j; a backward task (k, diagonal slot, count, (slot, j)…) finishes x_k.
+* ownership: each lane owns up to K rows (states), rows sorted by their count of Jacobian terms
+  and dealt round robin, so that the q-th rows of all lanes cost about the same; a lane's
+  stage vectors, f and ∂f/∂t live in its local memory for its rows;
+* the entries of the owned rows: per entry its column, its index (for W) and its (constant,
+  monomial) terms (``solver.linalg.entry_terms``), so f_r = Σ_e (Σ_t c_t G_m) y_col;
+* factorisation levels: every operation of ``sparse_lu.factor_schedule`` at the first level
+  where its inputs are final; updates into one slot in one level form one task; a task is
+  (dst | op << 16, aux, pairs) with op 0 update, 1 scale by ``aux``, 2 pivot;
+* the scaling of U's rows by the reciprocal pivots (U' = D⁻¹U, unit upper), then the solves as
+  column-oriented *update levels*: z_i −= L_ik z_k as soon as z_k is final, the updates into one
+  row in one level one task -- a dense block costs one level per column, not a dot product per
+  row; between the two solves each lane scales its rows by 1/u_kk.
 
-Lanes take the tasks of a level round robin, heaviest first; a ``syncwarp`` separates levels.
-:func:`run_factor` / :func:`run_solve` execute the tables in Python (tests).
+Pairs of 16-bit slot/row indices share one uint32.  Padding points at a scratch slot (written,
+never read) and a zero slot.  :func:`check_levels` shows that no level lets two lanes write one
+place or one lane read what another writes; :func:`run_factor` / :func:`run_solve` execute the
+programs in Python (tests).
 """
 from __future__ import annotations
 
@@ -30,59 +33,108 @@ import numpy as np
 
 from ...linalg.sparse_lu import factor_schedule
 
-__all__ = ["WarpSchedule", "build_warp_schedule", "check_levels", "run_factor", "run_solve"]
+__all__ = ["WarpSchedule", "Round", "build_warp_schedule", "check_levels", "run_factor",
+           "run_solve"]
+
+_MASK = 0xFFFF
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of a phase: ``head`` (and ``aux``) field offsets, ``pairs`` the offsets of
+    its packed-pair fields; ``ops``: the operations any lane does in it (factor: 0/1/2)."""
+
+    head: int
+    aux: int
+    pairs: tuple
+    ops: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
+class OwnedEntry:
+    """Entry ``j`` of every lane's q-th row: fields of the column, the entry index and the
+    terms (constant offsets in ``reals``, monomial offsets in ``ints``)."""
+
+    col: int
+    index: int
+    coefs: tuple
+    monos: tuple
 
 
 @dataclass(frozen=True)
 class WarpSchedule:
-    """The int32 ``table`` and what the kernel text needs to read it (module docstring)."""
-
     lanes: int
     n: int
-    per_lane: int            # K: owned states per lane (padded with -1)
+    per_lane: int                      # K
     nslots: int
     n_entries: int
-    n_factor_levels: int
-    n_forward_levels: int
-    n_backward_levels: int
-    offsets: dict
-    table: np.ndarray = field(repr=False)
-    #: (tasks, pairs) per level, for tests and the cost estimate
-    factor_levels: tuple = field(repr=False, default=())
+    own_row: tuple                     # K field offsets: the q-th owned row (n = none)
+    own_pos: tuple                     # its position in elimination order (n = none)
+    own_diag: tuple                    # its diagonal slot (scratch for none)
+    entries: tuple                     # K tuples of OwnedEntry
+    wslot: int                         # per-slot field rows: ceil(nslots / lanes) fields
+    factor: tuple                      # levels: tuples of Round
+    uscale: tuple                      # rounds of (slot, diagonal slot)
+    forward: tuple                     # levels of Rounds (row | 0, pairs (slot, k))
+    backward: tuple
+    ints: np.ndarray = field(repr=False)
+    reals: np.ndarray = field(repr=False)
 
-    def section(self, name: str) -> np.ndarray:
-        """A section of the table as a view (tests)."""
-        names = list(self.offsets)
-        start = self.offsets[name]
-        later = [self.offsets[m] for m in names if self.offsets[m] > start]
-        return self.table[start:min(later) if later else len(self.table)]
+    @property
+    def scratch(self) -> int:
+        return self.nslots           # LU slot written by padding, never read
+
+    @property
+    def zero(self) -> int:
+        return self.nslots + 1       # LU slot holding 0.0
+
+    @property
+    def n_factor_levels(self) -> int:
+        return len(self.factor)
+
+    @property
+    def n_forward_levels(self) -> int:
+        return len(self.forward)
+
+    @property
+    def n_backward_levels(self) -> int:
+        return len(self.backward)
 
 
-def _deal_rows(cost: np.ndarray, lanes: int) -> np.ndarray:
-    """(lanes, K) owned rows: largest cost first to the least loaded lane with room."""
-    n = cost.size
-    K = -(-n // lanes)
-    own = -np.ones((lanes, K), dtype=np.int64)
-    load = np.zeros(lanes)
-    count = np.zeros(lanes, dtype=np.int64)
-    for r in sorted(range(n), key=lambda r: (-cost[r], r)):
-        room = np.nonzero(count < K)[0]
-        lane = room[np.argmin(load[room])]
-        own[lane, count[lane]] = r
-        count[lane] += 1
-        load[lane] += cost[r]
-    for lane in range(lanes):   # ascending within a lane: neighbouring rows, nicer memory order
-        own[lane, :count[lane]] = np.sort(own[lane, :count[lane]])
-    return own
+class _Fields:
+    """Rows of ``lanes`` values appended to a uint32 or float64 table."""
+
+    def __init__(self, lanes):
+        self.lanes = lanes
+        self.ints: list = []
+        self.reals: list = []
+
+    def int_row(self, values, pad) -> int:
+        row = list(values) + [pad] * (self.lanes - len(values))
+        at = len(self.ints)
+        self.ints += [int(v) for v in row]
+        return at
+
+    def real_row(self, values) -> int:
+        row = list(values) + [0.0] * (self.lanes - len(values))
+        at = len(self.reals)
+        self.reals += [float(v) for v in row]
+        return at
 
 
-def _factor_tasks(sym):
-    """Levels of factor tasks: [(dst, kind, pairs)], kind 'update' | 'scale' | 'pivot'."""
+def _pack(a, b) -> int:
+    if not (0 <= a <= _MASK and 0 <= b <= _MASK):
+        raise ValueError("warp schedule: an index does not fit 16 bits")
+    return int(a) | (int(b) << 16)
+
+
+def _factor_levels(sym):
+    """Levels of factor tasks (dst, op, aux, pairs)."""
     nnz = sym.nnz
     row_of_slot = np.repeat(np.arange(sym.n), np.diff(sym.row_ptr))
     is_upper = sym.col_idx > row_of_slot
-    pending = np.zeros(nnz, dtype=np.int64)   # level of the last update into a slot so far
-    final = np.zeros(nnz, dtype=np.int64)     # level after which a lower/diagonal slot is final
+    pending = np.zeros(nnz, dtype=np.int64)
+    final = np.zeros(nnz, dtype=np.int64)
 
     def ready(s):
         return pending[s] if is_upper[s] else final[s]
@@ -93,28 +145,122 @@ def _factor_tasks(sym):
             _, s, s_ik, s_kj = op
             lv = int(max(ready(s_ik), ready(s_kj)) + 1)
             pending[s] = max(pending[s], lv)
-            task = levels.setdefault(lv, {}).setdefault(s, ["update", []])
-            task[1].append((s_ik, s_kj))
+            levels.setdefault(lv, {}).setdefault(s, [0, None, []])[2].append((s_ik, s_kj))
         elif op[0] == "scale":
             _, s, s_kk = op
             lv = int(max(pending[s], final[s_kk]) + 1)
             final[s] = lv
-            levels.setdefault(lv, {})[s] = ["scale", [(s_kk,)]]
+            levels.setdefault(lv, {})[s] = [1, s_kk, []]
         else:
             _, s = op
             lv = int(pending[s] + 1)
             final[s] = lv
-            levels.setdefault(lv, {})[s] = ["pivot", []]
-    return [[(dst, kind, pairs) for dst, (kind, pairs) in levels[lv].items()]
+            levels.setdefault(lv, {})[s] = [2, None, []]
+    return [[(dst, op, aux, pairs) for dst, (op, aux, pairs) in levels[lv].items()]
             for lv in sorted(levels)]
 
 
-def _solve_tasks(sym):
-    """(forward levels, backward levels): lists of row tasks in permuted indices."""
-    n = sym.n
+def _update_levels(rows, order, n):
+    """Column-oriented levels of z_i -= a_s z_k: rows[i] = [(s, k)], i processed in ``order``
+    (every k before the rows that need it); tasks (i, pairs)."""
+    final = np.zeros(n, dtype=np.int64)
+    levels: dict[int, dict] = {}
+    for i in order:
+        top = 0
+        for s, k in rows[i]:
+            lv = int(final[k]) + 1
+            levels.setdefault(lv, {}).setdefault(i, []).append((s, k))
+            top = max(top, lv)
+        final[i] = top
+    return [[(i, pairs) for i, pairs in levels[lv].items()] for lv in sorted(levels)]
+
+
+def _rounds(fields, tasks, lanes, encode_head, pad_head, pad_pair, aux_of=None):
+    """Rounds of ``lanes`` tasks (heaviest first); a task is (head values, aux, pairs)."""
+    out = []
+    tasks = sorted(tasks, key=lambda t: -len(t[2]))
+    for r in range(0, len(tasks), lanes):
+        chunk = tasks[r:r + lanes]
+        head = fields.int_row([encode_head(t) for t in chunk], pad_head)
+        aux = -1
+        if aux_of is not None and any(t[1] is not None for t in chunk):
+            aux = fields.int_row([aux_of(t) for t in chunk], pad_pair & _MASK)
+        width = max(len(t[2]) for t in chunk)
+        pairs = tuple(fields.int_row([_pack(*t[2][j]) if j < len(t[2]) else pad_pair
+                                      for t in chunk], pad_pair) for j in range(width))
+        out.append(Round(head=head, aux=aux, pairs=pairs,
+                         ops=frozenset(t[3] for t in chunk) if len(chunk[0]) > 3 else
+                         frozenset()))
+    return tuple(out)
+
+
+def build_warp_schedule(linear, entry_rows, entry_cols, entry_slots, terms,
+                        lanes: int) -> WarpSchedule:
+    """The tables for a sparse :class:`LinearSolver` (with ``symbolic``), a declared Jacobian's
+    entries (row-major; ``entry_slots`` their LU slots; ``terms`` its EntryTerms), ``lanes``."""
+    sym = linear.symbolic
+    if sym is None:
+        raise ValueError("the warp kernel needs the sparse LU's symbolic factorisation")
+    n, ns = sym.n, sym.nnz
+    rows = np.asarray(entry_rows, np.int64)
+    cols = np.asarray(entry_cols, np.int64)
+    m = rows.size
+    if m and np.any(np.diff(rows * n + cols) <= 0):
+        raise ValueError("the declared Jacobian's entries must be row-major and distinct")
+    F = _Fields(lanes)
+    scratch, zero = ns, ns + 1
+    zpair = _pack(zero, zero)
+
+    # ownership and the owned rows' entries ---------------------------------------------------
+    by_row = [[] for _ in range(n)]
+    for e, r in enumerate(rows):
+        by_row[int(r)].append(e)
+    cost = [sum(len(terms.terms[e]) for e in by_row[r]) + 1 for r in range(n)]
+    K = -(-n // lanes)
+    order = sorted(range(n), key=lambda r: (-cost[r], r))
+    owned = [[order[q * lanes + ln] if q * lanes + ln < n else None for ln in range(lanes)]
+             for q in range(K)]
+    own_row = tuple(F.int_row([n if r is None else r for r in owned[q]], n) for q in range(K))
+    own_pos = tuple(F.int_row([n if r is None else int(sym.position[r]) for r in owned[q]], n)
+                    for q in range(K))
+    own_diag = tuple(F.int_row([zero if r is None else int(linear.diag_slots[r])
+                                for r in owned[q]], zero) for q in range(K))
+    entries = []
+    for q in range(K):
+        lists = [by_row[r] if r is not None else [] for r in owned[q]]
+        width = max(len(x) for x in lists)
+        row_entries = []
+        for j in range(width):
+            ej = [x[j] if j < len(x) else None for x in lists]
+            col = F.int_row([n if e is None else int(cols[e]) for e in ej], n)
+            idx = F.int_row([m if e is None else e for e in ej], m)
+            nt = max(len(terms.terms[e]) if e is not None else 0 for e in ej)
+            coefs = tuple(F.real_row([terms.terms[e][t][0] if e is not None and
+                                      t < len(terms.terms[e]) else 0.0 for e in ej])
+                          for t in range(nt))
+            monos = tuple(F.int_row([terms.terms[e][t][1] if e is not None and
+                                     t < len(terms.terms[e]) else 0 for e in ej], 0)
+                          for t in range(nt))
+            row_entries.append(OwnedEntry(col, idx, coefs, monos))
+        entries.append(tuple(row_entries))
+
+    # W = I/(hγ) - J by slots: code 2 (e + 1) + diagonal ----------------------------------------
+    code = np.zeros(ns, dtype=np.int64)
+    code[np.asarray(entry_slots, np.int64)] = 2 * (np.arange(m) + 1)
+    code[np.asarray(linear.diag_slots, np.int64)] += 1
+    wslot = F.int_row(code[:lanes], 0)
+    for start in range(lanes, ns, lanes):
+        F.int_row(code[start:start + lanes], 0)
+
+    # factorisation, U' = D^-1 U, solves ----------------------------------------------------------
+    factor = tuple(_rounds(F, [((d, op), aux, pairs, op) for d, op, aux, pairs in tasks], lanes,
+                           lambda t: t[0][0] | (t[0][1] << 16), scratch, zpair,
+                           aux_of=lambda t: zero if t[1] is None else t[1])
+                   for tasks in _factor_levels(sym))
+    row_of_slot = np.repeat(np.arange(n), np.diff(sym.row_ptr))
+    diag_perm = np.empty(n, dtype=np.int64)
     lower = [[] for _ in range(n)]
     upper = [[] for _ in range(n)]
-    diag = np.empty(n, dtype=np.int64)
     for k in range(n):
         for s in sym.row_slots(k):
             j = int(sym.col_idx[s])
@@ -123,178 +269,107 @@ def _solve_tasks(sym):
             elif j > k:
                 upper[k].append((s, j))
             else:
-                diag[k] = s
-    fl = np.zeros(n, dtype=np.int64)
-    for k in range(n):
-        for _, j in lower[k]:
-            fl[k] = max(fl[k], fl[j] + 1)
-    bl = np.zeros(n, dtype=np.int64)
-    for k in reversed(range(n)):
-        for _, j in upper[k]:
-            bl[k] = max(bl[k], bl[j] + 1)
-    fwd = [[(k, lower[k]) for k in range(n) if fl[k] == lv and lower[k]]
-           for lv in range(1, int(fl.max()) + 1)]
-    bwd = [[(k, int(diag[k]), upper[k]) for k in range(n) if bl[k] == lv]
-           for lv in range(int(bl.max()) + 1)]
-    return fwd, bwd
-
-
-def _pack_levels(levels, encode, cost):
-    """(level boundaries, task offsets, data) of task levels, heaviest task first in a level."""
-    bounds, offsets, data = [0], [], []
-    for tasks in levels:
-        for task in sorted(tasks, key=lambda t: -cost(t)):
-            offsets.append(len(data))
-            data += encode(task)
-        bounds.append(len(offsets))
-    offsets.append(len(data))
-    return bounds, offsets, data
-
-
-def build_warp_schedule(linear, entry_rows, entry_cols, entry_slots, lanes: int) -> WarpSchedule:
-    """The tables for a sparse :class:`LinearSolver` (with ``symbolic``) and a declared
-    Jacobian's entries (row-major; ``entry_slots`` their LU slots), for ``lanes`` lanes."""
-    sym = linear.symbolic
-    if sym is None:
-        raise ValueError("the warp kernel needs the sparse LU's symbolic factorisation")
-    n = sym.n
-    rows = np.asarray(entry_rows, np.int64)
-    cols = np.asarray(entry_cols, np.int64)
-    m = rows.size
-    if m and np.any(np.diff(rows * n + cols) <= 0):
-        raise ValueError("the declared Jacobian's entries must be row-major and distinct")
-    jrow = np.zeros(n + 1, dtype=np.int64)
-    jrow[1:] = np.cumsum(np.bincount(rows, minlength=n))
-    own = _deal_rows(np.diff(jrow) + 1.0, lanes)
-    ownp = np.where(own >= 0, sym.position[np.maximum(own, 0)], -1)
-    wslot = np.zeros(sym.nnz, dtype=np.int64)
-    wslot[np.asarray(entry_slots, np.int64)] = 2 * (np.arange(m) + 1)
-    wslot[np.asarray(linear.diag_slots, np.int64)] += 1
-
-    flevels = _factor_tasks(sym)
-
-    def enc_factor(task):
-        dst, kind, pairs = task
-        if kind == "update":
-            return [dst, len(pairs)] + [x for pr in pairs for x in pr]
-        return [dst, -1, pairs[0][0]] if kind == "scale" else [dst, -2]
-
-    fb, fo, fd = _pack_levels(flevels, enc_factor, lambda t: len(t[2]))
-    fwd, bwd = _solve_tasks(sym)
-    vb, vo, vd = _pack_levels(fwd, lambda t: [t[0], len(t[1])] + [x for pr in t[1] for x in pr],
-                              lambda t: len(t[1]))
-    bb, bo, bd = _pack_levels(bwd, lambda t: [t[0], t[1], len(t[2])]
-                              + [x for pr in t[2] for x in pr], lambda t: len(t[2]))
-    sections = [("own", own.ravel()), ("ownp", ownp.ravel()), ("jrow", jrow), ("jcol", cols),
-                ("wslot", wslot), ("flev", fb), ("ftask", fo), ("fdata", fd),
-                ("vlev", vb), ("vtask", vo), ("vdata", vd),
-                ("blev", bb), ("btask", bo), ("bdata", bd)]
-    offsets, parts, at = {}, [], 0
-    for name, values in sections:
-        values = np.asarray(values, np.int64)
-        offsets[name] = at
-        parts.append(values)
-        at += values.size
-    table = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    if table.size and (table.max() >= 2 ** 31 or table.min() < -2):
-        raise ValueError("warp schedule does not fit int32")
-    return WarpSchedule(lanes=lanes, n=n, per_lane=own.shape[1], nslots=sym.nnz, n_entries=m,
-                        n_factor_levels=len(flevels), n_forward_levels=len(fwd),
-                        n_backward_levels=len(bwd), offsets=offsets,
-                        table=np.ascontiguousarray(table.astype(np.int32)),
-                        factor_levels=tuple((len(t), sum(len(x[2]) for x in t))
-                                            for t in flevels))
+                diag_perm[k] = s
+    up_slots = [s for s in range(ns) if sym.col_idx[s] > row_of_slot[s]]
+    uscale = tuple(F.int_row([_pack(s, diag_perm[row_of_slot[s]]) for s in up_slots[i:i + lanes]],
+                             zpair) for i in range(0, len(up_slots), lanes))
+    fwd = tuple(_rounds(F, [(k, None, pairs) for k, pairs in tasks], lanes, lambda t: t[0], n,
+                        _pack(zero, n)) for tasks in _update_levels(lower, range(n), n))
+    bwd = tuple(_rounds(F, [(k, None, pairs) for k, pairs in tasks], lanes, lambda t: t[0], n,
+                        _pack(zero, n)) for tasks in _update_levels(upper, reversed(range(n)), n))
+    ints = np.asarray(F.ints, dtype=np.int64)
+    if ints.size and (ints.min() < 0 or ints.max() >= 2 ** 32):
+        raise ValueError("warp schedule does not fit uint32")
+    return WarpSchedule(lanes=lanes, n=n, per_lane=K, nslots=ns, n_entries=m, own_row=own_row,
+                        own_pos=own_pos, own_diag=own_diag, entries=tuple(entries), wslot=wslot,
+                        factor=factor, uscale=uscale, forward=fwd, backward=bwd,
+                        ints=np.ascontiguousarray(ints.astype(np.uint32)),
+                        reals=np.ascontiguousarray(np.asarray(F.reals or [0.0], np.float64)))
 
 
 # ------------------------------------------------------------------------------ Python runners
-def _tasks(ws: WarpSchedule, lev: str, task: str, level: int):
-    T, o = ws.table, ws.offsets
-    a, b = T[o[lev] + level], T[o[lev] + level + 1]
-    return [o[task.replace("task", "data")] + T[o[task] + t] for t in range(a, b)]
+def _lanes(ws, at):
+    return ws.ints[at:at + ws.lanes].astype(np.int64)
+
+
+def _unpack(v):
+    return v & _MASK, v >> 16
 
 
 def run_factor(ws: WarpSchedule, w) -> np.ndarray:
-    """The factorisation as the kernel runs it, level by level (tests)."""
-    T = ws.table
-    lu = np.array(w, np.float64)
-    for lv in range(ws.n_factor_levels):
-        new = {}
-        for at in _tasks(ws, "flev", "ftask", lv):
-            dst, cnt = T[at], T[at + 1]
-            if cnt >= 0:
-                acc = lu[dst]
-                for q in range(cnt):
-                    acc -= lu[T[at + 2 + 2 * q]] * lu[T[at + 3 + 2 * q]]
-                new[dst] = acc
-            elif cnt == -1:
-                new[dst] = lu[dst] * lu[T[at + 2]]
-            else:
-                new[dst] = 1.0 / lu[dst]
-        for dst, v in new.items():   # a level's writes land after all its reads
-            lu[dst] = v
+    """The factorisation and the U scaling as the kernel runs them (tests); slot layout."""
+    lu = np.zeros(ws.nslots + 2)
+    lu[:ws.nslots] = w
+    for level in ws.factor:
+        writes = {}
+        for rd in level:
+            head = _lanes(ws, rd.head)
+            aux = _lanes(ws, rd.aux) if rd.aux >= 0 else None
+            pairs = [_unpack(_lanes(ws, p)) for p in rd.pairs]
+            for ln in range(ws.lanes):
+                dst, op = head[ln] & _MASK, head[ln] >> 16
+                acc = lu[dst] - sum(lu[a[ln]] * lu[b[ln]] for a, b in pairs)
+                if op == 1:
+                    acc = acc * lu[aux[ln]]
+                elif op == 2:
+                    acc = 1.0 / acc
+                writes[dst] = acc
+        for dst, v in writes.items():
+            if dst < ws.nslots:
+                lu[dst] = v
+    for at in ws.uscale:
+        s, d = _unpack(_lanes(ws, at))
+        lu[s] = lu[s] * lu[d]
+    lu[ws.zero] = 0.0
     return lu
 
 
 def run_solve(ws: WarpSchedule, lu, b, position) -> np.ndarray:
-    """W x = b through the solve levels (b, x in original order; tests)."""
-    T = ws.table
-    xv = np.empty(ws.n)
+    """W x = b through the solve programs (b, x in original order; tests)."""
+    n = ws.n
+    xv = np.zeros(n + 1)
     xv[np.asarray(position)] = b
-    for lv in range(ws.n_forward_levels):
-        new = {}
-        for at in _tasks(ws, "vlev", "vtask", lv):
-            k, cnt = T[at], T[at + 1]
-            new[k] = xv[k] - sum(lu[T[at + 2 + 2 * q]] * xv[T[at + 3 + 2 * q]]
-                                 for q in range(cnt))
-        for k, v in new.items():
-            xv[k] = v
-    for lv in range(ws.n_backward_levels):
-        new = {}
-        for at in _tasks(ws, "blev", "btask", lv):
-            k, d, cnt = T[at], T[at + 1], T[at + 2]
-            new[k] = (xv[k] - sum(lu[T[at + 3 + 2 * q]] * xv[T[at + 4 + 2 * q]]
-                                  for q in range(cnt))) * lu[d]
-        for k, v in new.items():
-            xv[k] = v
+    for levels, scale in ((ws.forward, False), (ws.backward, True)):
+        if scale:
+            for q in range(ws.per_lane):
+                pos, d = _lanes(ws, ws.own_pos[q]), _lanes(ws, ws.own_diag[q])
+                for ln in range(ws.lanes):
+                    if pos[ln] < n:
+                        xv[pos[ln]] *= lu[d[ln]]
+        for level in levels:
+            writes = {}
+            for rd in level:
+                head = _lanes(ws, rd.head)
+                pairs = [_unpack(_lanes(ws, p)) for p in rd.pairs]
+                for ln in range(ws.lanes):
+                    writes[head[ln]] = xv[head[ln]] - sum(lu[s[ln]] * xv[k[ln]]
+                                                          for s, k in pairs)
+            for k, v in writes.items():
+                if k < n:
+                    xv[k] = v
     return xv[np.asarray(position)]
 
 
 def check_levels(ws: WarpSchedule) -> None:
-    """Within every level no slot (factor) or row (solves) is written twice, and none is read
-    that another task of the level writes: lanes may run a level's tasks in any order."""
-    T = ws.table
+    """In every level no place (slot or row) other than the scratch is written by two tasks, and
+    none is read that a task of the level writes: lanes may run a level in any order."""
+    def check(levels, what, limit, extra_reads):
+        for lv, level in enumerate(levels):
+            writes, reads = [], set()
+            for rd in level:
+                head = _lanes(ws, rd.head) & _MASK
+                writes += [int(h) for h in head if h < limit]
+                for p in rd.pairs:
+                    a, b = _unpack(_lanes(ws, p))
+                    reads |= set(extra_reads(a, b))
+                if rd.aux >= 0:
+                    reads |= set(int(v) for v in _lanes(ws, rd.aux))
+            if len(set(writes)) != len(writes):
+                raise AssertionError(f"{what} level {lv}: a place written twice")
+            if reads & set(writes):
+                raise AssertionError(f"{what} level {lv}: reads {sorted(reads & set(writes))[:5]}"
+                                     " written in the same level")
 
-    def check(lev, task, reads_writes, what):
-        count = {"flev": ws.n_factor_levels, "vlev": ws.n_forward_levels,
-                 "blev": ws.n_backward_levels}[lev]
-        for lv in range(count):
-            writes, reads = set(), set()
-            for at in _tasks(ws, lev, task, lv):
-                r, wr = reads_writes(at)
-                if wr in writes:
-                    raise AssertionError(f"{what} level {lv}: {wr} written twice")
-                writes.add(wr)
-                reads |= r
-            if reads & writes:
-                raise AssertionError(f"{what} level {lv}: reads {sorted(reads & writes)[:5]} "
-                                     "written in the same level")
-
-    def factor_rw(at):
-        dst, cnt = T[at], T[at + 1]
-        if cnt >= 0:
-            r = {int(T[at + 2 + q]) for q in range(2 * cnt)}
-        elif cnt == -1:
-            r = {int(T[at + 2])}
-        else:
-            r = set()
-        return r, int(dst)
-
-    def fwd_rw(at):
-        return {int(T[at + 3 + 2 * q]) for q in range(T[at + 1])}, int(T[at])
-
-    def bwd_rw(at):
-        return {int(T[at + 4 + 2 * q]) for q in range(T[at + 2])}, int(T[at])
-
-    check("flev", "ftask", factor_rw, "factor")
-    check("vlev", "vtask", fwd_rw, "forward solve")
-    check("blev", "btask", bwd_rw, "backward solve")
+    check(ws.factor, "factor", ws.nslots, lambda a, b: list(a) + list(b))
+    check(ws.forward, "forward solve", ws.n, lambda s, k: list(k))
+    check(ws.backward, "backward solve", ws.n, lambda s, k: list(k))
