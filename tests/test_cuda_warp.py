@@ -77,3 +77,30 @@ def test_warp_jacobian_kernel_equals_jacfwd(case):
     plan = build_warp_plan(model.rhs, model.n, params.shape[1], args=table)
     f, jv, dfdt = plan.jacobian(y, pts, P, table)
     check_eb_jacobian(model, table, y, pts, P, f, jv, dfdt, plan)
+
+
+def test_warp_sensitivities_match_jax(case):
+    """The warp sensitivity kernel (numba launch) along a direction with a tangent table, a
+    parameter and an initial tangent: against jax.jvp of the JAX backend's solve_diff, to 10 rtol
+    of the tangent's scale on the controlled components."""
+    import jax
+    import jax.numpy as jnp
+
+    from solver import solve_diff
+    from solver.backends.cuda.launch_numba import solve_sensitivities
+    from test_cuda_sensitivity import _eb_direction
+
+    model, table, params, x0, y0, w, xs, kw = case
+    dtab, dp, dy0 = _eb_direction(model, table, params, y0)
+    opts = dict(t0=x0, rtol=EB_RTOL, atol=EB_ATOL, error_weights=w)
+    _, ref = jax.jvp(lambda tab, q, y: solve_diff(model.rhs, y, xs, q, args=tab, **opts),
+                     (jnp.asarray(table), jnp.asarray(params), jnp.asarray(y0)),
+                     (jnp.asarray(dtab), jnp.asarray(dp), jnp.asarray(dy0)))
+    r = solve_sensitivities(model.rhs, y0, xs, params, s0=dy0[None], dparams=dp[None],
+                            dargs=dtab[None], args=table, **opts)
+    assert r.info["kernel"] == "warp"
+    assert np.all(r.status == Status.OK), r.status
+    ctrl = w > 0
+    ref = np.asarray(ref)[..., ctrl]
+    err = np.abs(r.dys[0][..., ctrl] - ref).max() / np.abs(ref).max()
+    assert err <= 10 * EB_RTOL, err

@@ -261,3 +261,32 @@ def test_ffi_packs_the_lane_table_after_the_tables(eb_small):
         else:
             pos += 1
     assert dump[0] == pos - 1 and dump[pos - 1 - 10] == N   # n_traj just before the tables
+
+
+def test_emulated_warp_sensitivities_equal_the_thread_kernel(eb_small):
+    """The warp sensitivity kernel (one warp per (trajectory, direction); J_θ from the monomials'
+    directional derivatives, W's one LU for both blocks) against the thread sensitivity kernel
+    (Enzyme's jvp / jvp(jvp), emulated by jax.jvp): the same steps, tangents to rounding, for a
+    direction with a tangent table, a parameter tangent and an initial tangent, and one along k."""
+    from solver.backends.cuda.emulation import sensitivity_emulated
+    from test_cuda_sensitivity import _eb_direction
+
+    k, model, table, params, x0, y0, w = eb_small
+    sel = [1, 2]
+    params, x0, y0 = params[sel], x0[sel], y0[sel]
+    xs = np.linspace(x0.max(), -11.0, 3)
+    dtab, dp, dy0 = _eb_direction(model, table, params, y0)
+    dk = np.zeros_like(dp)
+    dk[:, 0] = 0.01 * params[:, 0]
+    kw = dict(s0=np.stack([dy0, 0 * dy0]), dparams=np.stack([dp, dk]),
+              dargs=np.stack([dtab, 0 * dtab]), args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL,
+              error_weights=w)
+    warp = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, **kw)
+    thread = sensitivity_emulated(model.rhs, y0, xs, params, kernel_kind="thread", **kw)
+    assert warp.info["kernel"] == "warp" and np.all(warp.status == Status.OK)
+    np.testing.assert_array_equal(warp.n_accepted, thread.n_accepted)
+    ctrl = w > 0
+    for d in range(2):
+        a, b = thread.dys[d][..., ctrl], warp.dys[d][..., ctrl]
+        assert np.abs(a - b).max() <= 1e-10 * np.abs(a).max()
+    assert np.abs(warp.ys - thread.ys)[..., ctrl].max() <= 1e-12 * np.abs(thread.ys).max()

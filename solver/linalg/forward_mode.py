@@ -136,14 +136,16 @@ class _Tangents:
         return f"{_p(du)} / {u}"
 
 
-def tangent_source(source: str, function: str, seeds: dict, name: str) -> TangentSource:
+def tangent_source(source: str, function: str, seeds: dict, name: str,
+                   prefix: str = "d__") -> TangentSource:
     """The forward-mode derivative of ``function`` (straight-line, defined in ``source``).
 
     ``seeds``: {argument: tangent}; a tangent is a literal text for a scalar argument (e.g.
     ``"1.0"``) or ``("array", "d_name")`` for an array argument whose elements move with the new
     argument ``d_name`` (appended to the signature in the order of ``seeds``).  The returned
     function takes the original arguments, then those tangent arrays, and returns the primal
-    outputs followed by their tangents.
+    outputs followed by their tangents.  The tangent of a name ``v`` is ``<prefix>v``; no name of
+    the source may start with ``prefix`` (a second derivative needs a prefix of its own).
     """
     tree = ast.parse(source)
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
@@ -151,6 +153,10 @@ def tangent_source(source: str, function: str, seeds: dict, name: str) -> Tangen
         raise ValueError(f"source defines no function {function!r}")
     fn = defs[0]
     args = tuple(a.arg for a in fn.args.args)
+    clash = sorted({n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                    and n.id.startswith(prefix)})
+    if clash:
+        raise ValueError(f"tangent_source: names {clash[:3]} already start with {prefix!r}")
     scalar, array = {}, {}
     for arg, seed in seeds.items():
         if arg not in args:
@@ -185,7 +191,7 @@ def tangent_source(source: str, function: str, seeds: dict, name: str) -> Tangen
         if d is None:
             tg.active.pop(target, None)
         else:
-            dname = f"d__{target}"
+            dname = f"{prefix}{target}"
             lines.append(f"    {dname} = {d}")
             tg.active[target] = dname
     if out is None:

@@ -55,7 +55,7 @@ class CudaBackend(Backend):
     kernel: which kernel runs a plain solve: "auto" (default) the warp kernel -- one trajectory
         per warp, for right-hand sides with tables and a declared linear Jacobian, such as the EB
         models (``codegen.warp``) -- and the thread kernel for every other rhs; "warp" or
-        "thread" to insist on one (the sensitivity kernel is always the thread kernel).
+        "thread" to insist on one; the same choice holds for the sensitivity kernels.
 
     ``linear_solver`` is accepted by ``solve`` for API compatibility; the kernel always uses the
     compiled unpivoted sparse LU (for a dense pattern that is a dense unpivoted LU).
@@ -141,9 +141,10 @@ class CudaBackend(Backend):
 
     def _sens_host(self, *a, **kw):
         if self.emulated:
-            return sensitivity_emulated(*a, module_dir=self.module_dir, **kw)
+            return sensitivity_emulated(*a, module_dir=self.module_dir, kernel_kind=self.kernel,
+                                        **kw)
         return solve_sensitivities(*a, module_dir=self.module_dir,
-                                   kernel_cache=self.kernel_cache, **kw)
+                                   kernel_cache=self.kernel_cache, kernel_kind=self.kernel, **kw)
 
     def solve_ys(self, spec, y0, params, args, ts, t0, te):
         """The plain kernel inside a JAX program: the XLA FFI custom call when ``use_ffi()``

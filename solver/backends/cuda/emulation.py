@@ -19,7 +19,7 @@ from .launch_numba import SENS_DOC_ARGS, choose_kernel
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array, table_split_of
-from .warp_emulation import emulate_warp
+from .warp_emulation import emulate_warp, emulate_warp_sens
 from .warp_plan import WARP_SIZE, build_warp_plan
 
 __all__ = ["emulate_plain", "jacobian_emulated", "sensitivity_emulated", "sens_probe_emulated",
@@ -197,14 +197,22 @@ def sensitivity_emulated(rhs, y0, t_save, params, *, s0=None, dparams=None, darg
                          args=None, rtol=1e-6, atol=1e-9, sensitivity_atol=None,
                          sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
                          error_weights=None, max_steps=100_000, first_step=None,
-                         controller=None, tableau=RODAS5P, module_dir=None):
-    """``launch_numba.solve_sensitivities`` with the generated kernel text run on the CPU, thread
-    after thread (numpy local arrays, jax.jvp / nested jax.jvp for Enzyme's jvp / jvp(jvp)).
-    Slow; for tests of the kernel's logic where no GPU exists."""
+                         controller=None, tableau=RODAS5P, module_dir=None, kernel_kind="auto",
+                         lanes=WARP_SIZE):
+    """``launch_numba.solve_sensitivities`` with the generated kernel text run on the CPU: the
+    warp sensitivity kernel lane by lane where ``choose_kernel`` picks it, else the thread kernel
+    thread after thread (numpy local arrays, jax.jvp / nested jax.jvp for Enzyme's jvp /
+    jvp(jvp)).  Slow; for tests of the kernels' logic where no GPU exists."""
     table_split_of(rhs, args)
     inp = sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
                       max_steps, first_step)
+    if choose_kernel(kernel_kind, rhs, args, sparsity) == "warp":
+        wplan = build_warp_plan(rhs, inp["n"], inp["P"], args=args, max_steps=max_steps,
+                                controller=controller, tableau=tableau, lanes=lanes)
+        check_plan_split(wplan, rhs, inp, args)
+        check_lookup_p(wplan.sens, rhs, inp, args)
+        return emulate_warp_sens(wplan, inp, args, module_dir=module_dir)
     plan = build_sens_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                            max_steps=max_steps, controller=controller, tableau=tableau)
     check_plan_split(plan.plain, rhs, inp, args)

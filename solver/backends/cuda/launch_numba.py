@@ -12,6 +12,7 @@ import numpy as np
 
 from ...method.tableau import RODAS5P
 from .codegen import SENS_KERNEL_ARGS
+from .codegen.warp import WARP_SENS_KERNEL_ARGS
 from .ffi_kernel import obtain_image
 from .launch_cubin import CubinFunction, DriverError, parameter_count
 from .inputs import check_lookup_p, sens_call_args, sens_inputs, sens_outputs
@@ -125,9 +126,10 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                         args=None, rtol=1e-6, atol=1e-9, sensitivity_atol=None,
                         sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
                         error_weights=None, max_steps=100_000, first_step=None, controller=None,
-                        tableau=RODAS5P, module_dir=None, kernel_cache=None):
-    """Forward sensitivities on the GPU: one thread per (trajectory, direction), N·m threads,
-    thread g = i·m + d (a trajectory's directions share a warp: same tables row and parameters,
+                        tableau=RODAS5P, module_dir=None, kernel_cache=None, kernel_kind="auto"):
+    """Forward sensitivities on the GPU: the warp sensitivity kernel (one warp per (trajectory,
+    direction), block g = i·m + d) where ``choose_kernel`` picks it, else one thread per
+    (trajectory, direction), N·m threads, thread g = i·m + d (a trajectory's directions share a warp: same tables row and parameters,
     and without sensitivity error control identical step sequences, so no divergence).
 
     With a ``kernel_cache`` (``KernelCache``) the kernel's image comes from it -- compiled and
@@ -138,23 +140,34 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
                       max_steps, first_step)
     cuda_modules()
-    plan = build_sens_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
-                           max_steps=max_steps, controller=controller, tableau=tableau)
+    warp = choose_kernel(kernel_kind, rhs, args, sparsity) == "warp"
+    if warp:
+        plan = build_warp_plan(rhs, inp["n"], inp["P"], args=args, max_steps=max_steps,
+                               controller=controller, tableau=tableau).sens
+    else:
+        plan = build_sens_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
+                               max_steps=max_steps, controller=controller, tableau=tableau)
     check_plan_split(plan.plain, rhs, inp, args)
     check_lookup_p(plan, rhs, inp, args)
     args_h = np.zeros(1) if args is None else args_array(args)
     host = sens_outputs(inp)
     dev_in = list(sens_call_args(inp, args_h, host))
-    dev_in[-2], dev_in[-1] = np.int64(inp["N"]), np.int64(inp["m"])
-    threads = inp["N"] * inp["m"]
-    blocks = (threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    dev_in[22], dev_in[23] = np.int64(inp["N"]), np.int64(inp["m"])
+    if warp:
+        dev_in += [plan.sched, plan.sched_f]
+        blocks, tpb = inp["N"] * inp["m"], plan.threads_per_block
+    else:
+        threads = inp["N"] * inp["m"]
+        tpb = THREADS_PER_BLOCK
+        blocks = (threads + tpb - 1) // tpb
     first = plan.compile_s is None
     if kernel_cache is not None:
-        launch, info = _cached_launch(plan, dev_in, kernel_cache, module_dir)
+        launch, info = _cached_launch(plan, dev_in, kernel_cache, module_dir, blocks, tpb)
     else:
         kernel = plan.kernel(module_dir)
-        launch = kernel[blocks, THREADS_PER_BLOCK]
+        launch = kernel[blocks, tpb]
         info = _numba_info(kernel, first)
+    info["kernel"] = "warp" if warp else "thread"
     cuda = cuda_modules()[0]
     dev = [cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in dev_in]
     t_launch = time.perf_counter()
@@ -165,14 +178,14 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                       "it with numba-cuda-mlir instead", RuntimeWarning, stacklevel=2)
         kernel = plan.kernel(module_dir)
         info.update(_numba_info(kernel, True))
-        kernel[blocks, THREADS_PER_BLOCK](*dev)
+        kernel[blocks, tpb](*dev)
     cuda.synchronize()
     elapsed = time.perf_counter() - t_launch
     if first:
         plan.compile_s = elapsed if kernel_cache is None else info["compile_seconds"]
     names = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
     res = {k: dev[16 + j].copy_to_host() for j, k in enumerate(names)}
-    info.update({"kernel_seconds": elapsed, "threads": threads, "directions": inp["m"],
+    info.update({"kernel_seconds": elapsed, "threads": blocks * tpb, "directions": inp["m"],
                  "kernel_module": plan.module_path})
     return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
                                res["n_accepted"], res["n_rejected"], "cuda", info)
@@ -184,12 +197,14 @@ def _numba_info(kernel, first):
             "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
 
 
-def _cached_launch(plan, example, kernel_cache, module_dir):
+def _cached_launch(plan, example, kernel_cache, module_dir, blocks, tpb):
     """(launch(*device_args), info): the sensitivity kernel's image from ``kernel_cache`` (or
     compiled and stored), loaded once per plan and launched through the driver."""
     cached = plan.cubin
+    kernel_args = WARP_SENS_KERNEL_ARGS if getattr(plan, "kind", "") == "warp" else \
+        SENS_KERNEL_ARGS
     if cached is None:
-        img = obtain_image(plan, SENS_KERNEL_ARGS, example, parameter_count(example),
+        img = obtain_image(plan, kernel_args, example, parameter_count(example),
                            kernel_cache=kernel_cache, module_dir=module_dir,
                            entry="sens_kernel")
         plan.cubin = cached = (img, CubinFunction(img.image, img.func_name))
@@ -197,9 +212,6 @@ def _cached_launch(plan, example, kernel_cache, module_dir):
     else:
         first = False
     img, fn = cached
-    N, m = int(example[-2]), int(example[-1])
-    threads = N * m
-    blocks = (threads + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
     info = {"launch": "cubin", "kernel_cache": img.cache, "kernel_cache_key": img.cache_key,
             "kernel_from_cache": img.from_cache,
             "first_call_includes_compile": first and img.dispatcher is not None,
@@ -208,7 +220,7 @@ def _cached_launch(plan, example, kernel_cache, module_dir):
             "cached_compile_seconds": img.cached_compile_s, "kernel_entry": img.func_name,
             "cubin_bytes": len(img.image), "local_mem_per_thread": img.local_mem,
             "regs_per_thread": img.regs}
-    return (lambda *dev: fn.launch(blocks, THREADS_PER_BLOCK, dev)), info
+    return (lambda *dev: fn.launch(blocks, tpb, dev)), info
 
 
 solve_sensitivities.__doc__ += SENS_DOC_ARGS

@@ -16,10 +16,12 @@ import numpy as np
 
 from .codegen.warp import SYNC
 from .modules import load_module
-from .results import kernel_solution
+from .inputs import sens_call_args, sens_outputs
+from .results import SensitivitySolution, kernel_solution
 from .tables import args_array
 
-__all__ = ["warp_emulation_module", "run_warps", "emulate_warp", "warp_jacobian_emulated"]
+__all__ = ["warp_emulation_module", "run_warps", "emulate_warp", "emulate_warp_sens",
+           "warp_jacobian_emulated"]
 
 
 class _Dim:
@@ -126,6 +128,20 @@ def emulate_warp(plan, inp, args, lane_order="forward", module_dir=None):
                             "levels": (plan.schedule.n_factor_levels,
                                        plan.schedule.n_forward_levels,
                                        plan.schedule.n_backward_levels)})
+
+
+def emulate_warp_sens(plan, inp, args, lane_order="forward", module_dir=None):
+    """The warp sensitivity kernel on ``inputs.sens_inputs``, emulated: one warp per
+    (trajectory, direction); a SensitivitySolution."""
+    mod, emu = warp_emulation_module(plan, module_dir)
+    out = sens_outputs(inp)
+    call = sens_call_args(inp, args_array(args), out) + (plan.sched, plan.sched_f)
+    run_warps(mod.sens_kernel, call, inp["N"] * inp["m"], plan, emu, lane_order)
+    return SensitivitySolution(out["ys"], out["dys"], out["status"], out["t_out"],
+                               out["n_accepted"], out["n_rejected"], "cuda-emulated",
+                               {"kernel": "warp", "lanes": plan.lanes,
+                                "threads": inp["N"] * inp["m"] * plan.lanes,
+                                "directions": inp["m"]})
 
 
 def warp_jacobian_emulated(plan, y, t, params, args, lane_order="forward"):

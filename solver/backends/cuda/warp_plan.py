@@ -32,7 +32,8 @@ from .modules import load_module
 from .tables import table_split_of
 from .warp_schedule import build_warp_schedule
 
-__all__ = ["WarpPlan", "warp_eligible", "build_warp_plan", "WARP_SIZE", "MAX_STATIC_SHARED"]
+__all__ = ["WarpPlan", "WarpSensView", "warp_eligible", "build_warp_plan", "WARP_SIZE",
+           "MAX_STATIC_SHARED"]
 
 #: lanes of a trajectory on a GPU: one warp
 WARP_SIZE = 32
@@ -77,9 +78,9 @@ class WarpPlan:
                              n_mono=len(self.terms.monomials), max_steps=int(max_steps),
                              tableau=tab, controller=ctrl, schedule=self.schedule,
                              mono_source=monomial_functions(self.terms))
-        if self.spec.shared_bytes > MAX_STATIC_SHARED:
+        if self.spec.shared_bytes(sens=True) > MAX_STATIC_SHARED:
             raise NotImplementedError(
-                f"the warp kernel needs {self.spec.shared_bytes} B of shared memory per "
+                f"the warp kernel needs {self.spec.shared_bytes(sens=True)} B of shared memory per "
                 f"trajectory (n = {n}, {self.linear.nslots} LU slots), more than a block's "
                 f"static {MAX_STATIC_SHARED} B")
         self.lanes = lanes
@@ -89,15 +90,31 @@ class WarpPlan:
         self.source = generate_warp_source(self.spec)
         self.host_setup_s = time.perf_counter() - t_start
         self._kernel = None
+        self._sens_kernel = None
         self.compile_s = None
+        self.sens_compile_s = None
         self.module_path = None
+        self._sens_view = None
+
+    @property
+    def plain(self):
+        """The plan itself (the sensitivity launch paths read ``plan.plain``)."""
+        return self
+
+    @property
+    def sens(self) -> "WarpSensView":
+        """The sensitivity kernel of this plan (``WarpSensView``)."""
+        if self._sens_view is None:
+            self._sens_view = WarpSensView(self)
+        return self._sens_view
 
     def module(self, tag: str, directory=None):
         mod, self.module_path = load_module(self.source, "warp_kernel", tag, id(self), directory)
         return mod
 
-    def kernel(self, module_dir=None):
-        """The numba-cuda-mlir kernel (compiled at the first launch)."""
+    def kernel(self, module_dir=None, entry: str = "kernel"):
+        """The numba-cuda-mlir dispatcher of ``kernel`` or ``sens_kernel`` (compiled at the first
+        launch)."""
         if self._kernel is None:
             from numba_cuda_mlir import cuda, types
 
@@ -107,12 +124,14 @@ class WarpPlan:
             mod.U64 = types.uint64
             mod.table_values = cuda.jit(device=True)(self.split.lookup_device)
             mod.table_values_dt = cuda.jit(device=True)(self.split.lookup_dt_device)
-            for name in ("_nmax", "_nmin", "_isfin", "mono_eval", "mono_dt_eval"):
+            for name in ("_nmax", "_nmin", "_isfin", "mono_eval", "mono_dt_eval", "mono_th_eval",
+                         "mono_all_eval"):
                 setattr(mod, name, cuda.jit(device=True)(getattr(mod, name)))
             self._cuda = cuda
             self._kernel = cuda.jit(mod.kernel)
+            self._sens_kernel = cuda.jit(mod.sens_kernel)
             self._jac_kernel = cuda.jit(mod.jac_kernel)
-        return self._kernel
+        return self._sens_kernel if entry == "sens_kernel" else self._kernel
 
     def blocks(self, n_traj: int) -> int:
         return int(n_traj)
@@ -136,6 +155,30 @@ class WarpPlan:
             cuda.to_device(self.sched), cuda.to_device(self.sched_f))
         cuda.synchronize()
         return f.copy_to_host(), jv.copy_to_host(), dfdt.copy_to_host()
+
+
+class WarpSensView:
+    """The sensitivity kernel of a :class:`WarpPlan`, seen as the sensitivity launch paths see a
+    plan (``kernel()`` is ``sens_kernel``; source, structure and caches are the plan's)."""
+
+    kind = "warp"
+
+    def __init__(self, plan: WarpPlan):
+        self.plain = plan
+        self.source, self.split, self.spec, self.linear = (plan.source, plan.split, plan.spec,
+                                                           plan.linear)
+        self.lanes, self.threads_per_block = plan.lanes, plan.threads_per_block
+        self.sched, self.sched_f = plan.sched, plan.sched_f
+        self.compile_s = None
+        self.lookup_p = None
+        self.cubin = None
+
+    @property
+    def module_path(self):
+        return self.plain.module_path
+
+    def kernel(self, module_dir=None):
+        return self.plain.kernel(module_dir, entry="sens_kernel")
 
 
 def build_warp_plan(rhs, n, n_params, *, args, max_steps=100_000, controller=None,

@@ -52,10 +52,12 @@ class Round:
 
 @dataclass(frozen=True)
 class OwnedEntry:
-    """Entry ``j`` of every lane's q-th row: fields of the column, the entry index and the
-    terms (constant offsets in ``reals``, monomial offsets in ``ints``)."""
+    """Entry ``j`` of every lane's q-th row: fields of the column, its elimination position,
+    the entry index and the terms (constant offsets in ``reals``, monomial offsets in
+    ``ints``)."""
 
     col: int
+    colpos: int
     index: int
     coefs: tuple
     monos: tuple
@@ -233,6 +235,7 @@ def build_warp_schedule(linear, entry_rows, entry_cols, entry_slots, terms,
         for j in range(width):
             ej = [x[j] if j < len(x) else None for x in lists]
             col = F.int_row([n if e is None else int(cols[e]) for e in ej], n)
+            colpos = F.int_row([n if e is None else int(sym.position[cols[e]]) for e in ej], n)
             idx = F.int_row([m if e is None else e for e in ej], m)
             nt = max(len(terms.terms[e]) if e is not None else 0 for e in ej)
             coefs = tuple(F.real_row([terms.terms[e][t][0] if e is not None and
@@ -241,7 +244,7 @@ def build_warp_schedule(linear, entry_rows, entry_cols, entry_slots, terms,
             monos = tuple(F.int_row([terms.terms[e][t][1] if e is not None and
                                      t < len(terms.terms[e]) else 0 for e in ej], 0)
                           for t in range(nt))
-            row_entries.append(OwnedEntry(col, idx, coefs, monos))
+            row_entries.append(OwnedEntry(col, colpos, idx, coefs, monos))
         entries.append(tuple(row_entries))
 
     # W = I/(hγ) - J by slots: code 2 (e + 1) + diagonal ----------------------------------------
