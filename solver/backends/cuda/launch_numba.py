@@ -197,9 +197,12 @@ def _numba_info(kernel, first):
             "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
 
 
-def _cached_launch(plan, example, kernel_cache, module_dir, blocks, tpb):
+def _cached_launch(plan, example, kernel_cache, module_dir, blocks=None, tpb=THREADS_PER_BLOCK):
     """(launch(*device_args), info): the sensitivity kernel's image from ``kernel_cache`` (or
-    compiled and stored), loaded once per plan and launched through the driver."""
+    compiled and stored), loaded once per plan and launched through the driver; ``blocks``
+    default: one thread per (trajectory, direction) of the example."""
+    if blocks is None:
+        blocks = (int(example[22]) * int(example[23]) + tpb - 1) // tpb
     cached = plan.cubin
     kernel_args = WARP_SENS_KERNEL_ARGS if getattr(plan, "kind", "") == "warp" else \
         SENS_KERNEL_ARGS
