@@ -22,6 +22,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from .straight_line import read
+
 __all__ = ["EntryTerms", "expand_entries"]
 
 
@@ -120,31 +122,18 @@ class _Expander:
 
 def expand_entries(device_source: str, coef_prefix: str = "c_") -> EntryTerms:
     """Expand the entries of a declared Jacobian's straight-line source (module docstring)."""
-    fns = [f for f in ast.parse(device_source).body if isinstance(f, ast.FunctionDef)]
-    if len(fns) != 1:
-        raise ValueError("declared Jacobian source must define exactly one function")
-    fn = fns[0]
-    args = [a.arg for a in fn.args.args]
+    fn = read(device_source)
+    args = fn.args
     ex = _Expander(coef_prefix)
-    out = None
-    for stmt in fn.body:
-        ex.line = ast.unparse(stmt)
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-            continue
-        if isinstance(stmt, ast.Return):
-            out = stmt.value.elts
-            break
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name)):
-            raise ValueError(f"not straight-line: `{ex.line}`")
-        name = stmt.targets[0].id
-        if name.startswith(coef_prefix) or ex.mentions_coef(stmt.value):
-            ex.polys[name] = ex.poly(stmt.value)
+    for name, value, line in fn.assignments:
+        ex.line = line
+        if name.startswith(coef_prefix) or ex.mentions_coef(value):
+            ex.polys[name] = ex.poly(value)
         else:
-            ex.atom_lines.append(f"    {ex.line}")
-            ex.atoms.append(name) if name not in ex.atoms else None
-    if out is None:
-        raise ValueError("the declared Jacobian source has no return")
+            ex.atom_lines.append(f"    {line}")
+            if name not in ex.atoms:
+                ex.atoms.append(name)
+    out = fn.returns
     polys = [ex.poly(e) for e in out]
     monomials: dict[tuple, int] = {(): 0}
     index = {a: i for i, a in enumerate(ex.atoms)}

@@ -20,6 +20,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from .straight_line import read
+
 __all__ = ["NotDifferentiable", "TangentSource", "tangent_source"]
 
 
@@ -147,14 +149,11 @@ def tangent_source(source: str, function: str, seeds: dict, name: str,
     outputs followed by their tangents.  The tangent of a name ``v`` is ``<prefix>v``; no name of
     the source may start with ``prefix`` (a second derivative needs a prefix of its own).
     """
-    tree = ast.parse(source)
-    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
-    if not defs:
-        raise ValueError(f"source defines no function {function!r}")
-    fn = defs[0]
-    args = tuple(a.arg for a in fn.args.args)
-    clash = sorted({n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
-                    and n.id.startswith(prefix)})
+    fn = read(source, function)
+    args = fn.args
+    clash = sorted({n.id for _, v, _ in fn.assignments for n in ast.walk(v)
+                    if isinstance(n, ast.Name) and n.id.startswith(prefix)}
+                   | {t for t, _, _ in fn.assignments if t.startswith(prefix)})
     if clash:
         raise ValueError(f"tangent_source: names {clash[:3]} already start with {prefix!r}")
     scalar, array = {}, {}
@@ -168,34 +167,18 @@ def tangent_source(source: str, function: str, seeds: dict, name: str,
         else:
             scalar[arg] = str(seed)
     tg = _Tangents(scalar, array)
-    lines, out = [], None
-    for stmt in fn.body:
-        tg.line = ast.unparse(stmt)
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-            continue
-        if isinstance(stmt, ast.Return):
-            if not isinstance(stmt.value, ast.Tuple):
-                raise ValueError(f"{function} must return a tuple literal")
-            out = stmt.value.elts
-            break
-        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name)):
-            raise ValueError(f"{function} is not straight-line: `{tg.line}`")
-        target = stmt.targets[0].id
-        value = stmt.value
-        if isinstance(value, ast.Call):
-            d = tg._call(value, primal=target)
-        else:
-            d = tg.of(value)
-        lines.append(f"    {tg.line}")
+    lines = []
+    for target, value, line in fn.assignments:
+        tg.line = line
+        d = tg._call(value, primal=target) if isinstance(value, ast.Call) else tg.of(value)
+        lines.append(f"    {line}")
         if d is None:
             tg.active.pop(target, None)
         else:
             dname = f"{prefix}{target}"
             lines.append(f"    {dname} = {d}")
             tg.active[target] = dname
-    if out is None:
-        raise ValueError(f"{function} has no return statement")
+    out = fn.returns
     primal = [ast.unparse(e) for e in out]
     tangents = []
     for e in out:

@@ -14,7 +14,8 @@ import numpy as np
 
 from ...method.tableau import RODAS5P
 from .codegen import MAX_DIRECTIONS
-from .inputs import check_lookup_p, probe_inputs, sens_call_args, sens_inputs, sens_outputs
+from .inputs import (check_lookup_p, plain_outputs, probe_inputs, sens_call_args, sens_inputs,
+                     sens_outputs)
 from .launch_numba import SENS_DOC_ARGS, choose_kernel
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
@@ -155,11 +156,7 @@ def emulate_plain(rhs, inp, args, sparsity, max_steps, controller, tableau, modu
     mod, emu = emulation_module(plan, rhs, inp["P"], module_dir=module_dir)
     args_h = np.zeros(1) if args is None else args_array(args)
     N, n, m = inp["N"], inp["n"], inp["t_save"].shape[1]
-    ys = np.full((N, m, n), -12345.0)
-    t_out = np.zeros(N)
-    st = np.full(N, -7, np.int32)
-    nacc = np.zeros(N, np.int32)
-    nrej = np.zeros(N, np.int32)
+    ys, t_out, st, nacc, nrej = plain_outputs(N, m, n)
     for i in range(N):
         emu.thread = i
         mod.kernel(inp["y0"], inp["t0"], inp["t_end"], inp["t_save"], inp["params"], args_h,

@@ -12,6 +12,7 @@ from ...problem.inputs import validate_inputs
 from .tables import args_array
 
 __all__ = ["kernel_inputs", "prepare", "sens_inputs", "check_lookup_p", "sens_outputs",
+           "plain_outputs",
            "sens_call_args", "probe_inputs"]
 
 
@@ -113,6 +114,13 @@ def check_lookup_p(plan, rhs, inp, args):
             f"backend='cuda' sensitivities: the table lookup depends on params columns {cols} "
             "(table geometry) and their tangent is nonzero; the CUDA kernel does not "
             "differentiate the lookup with respect to p. Use backend='jax'.")
+
+
+def plain_outputs(N: int, m: int, n: int):
+    """Host outputs of the plain kernel (ys, t_out, status, n_accepted, n_rejected), filled
+    with values no thread writes (a missing write shows)."""
+    return (np.full((N, m, n), -12345.0), np.zeros(N), np.full(N, -7, np.int32),
+            np.zeros(N, np.int32), np.zeros(N, np.int32))
 
 
 def sens_outputs(inp):

@@ -27,12 +27,16 @@ __all__ = ["solve_numba", "solve_sensitivities", "choose_kernel", "SENS_DOC_ARGS
 
 def solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau, module_dir=None,
                 kernel_kind="auto"):
-    """The plain kernel through a numba launch, on kernel inputs (``inputs.kernel_inputs``);
-    the warp kernel where ``choose_kernel`` picks it."""
-    if choose_kernel(kernel_kind, rhs, args, sparsity) == "warp":
-        return _solve_numba_warp(rhs, inp, args, max_steps, controller, tableau, module_dir)
-    plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
-                      max_steps=max_steps, controller=controller, tableau=tableau)
+    """The plain kernel through a numba launch, on kernel inputs (``inputs.kernel_inputs``):
+    the warp kernel (one warp per trajectory) where ``choose_kernel`` picks it, else the thread
+    kernel."""
+    warp = choose_kernel(kernel_kind, rhs, args, sparsity) == "warp"
+    if warp:
+        plan = build_warp_plan(rhs, inp["n"], inp["P"], args=args, max_steps=max_steps,
+                               controller=controller, tableau=tableau)
+    else:
+        plan = build_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
+                          max_steps=max_steps, controller=controller, tableau=tableau)
     check_plan_split(plan, rhs, inp, args)
     kernel = plan.kernel(module_dir)
     cuda = plan._cuda
@@ -40,65 +44,33 @@ def solve_numba(rhs, inp, args, sparsity, max_steps, controller, tableau, module
     d = {k: cuda.to_device(inp[k]) for k in ("y0", "t0", "t_end", "t_save", "params", "atol",
                                              "weights", "h0")}
     args_d = cuda.to_device(np.zeros(1) if args is None else args_array(args))
-    ys = cuda.device_array((N, m, n), dtype=np.float64)
-    t_out = cuda.device_array(N, dtype=np.float64)
-    st = cuda.device_array(N, dtype=np.int32)
-    nacc = cuda.device_array(N, dtype=np.int32)
-    nrej = cuda.device_array(N, dtype=np.int32)
-    blocks = (N + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK
+    out = [cuda.device_array(shape, dtype=dt) for shape, dt in
+           (((N, m, n), np.float64), (N, np.float64), (N, np.int32), (N, np.int32),
+            (N, np.int32))]
+    if warp:
+        extra = (cuda.to_device(plan.sched), cuda.to_device(plan.sched_f))
+        blocks, tpb = plan.blocks(N), plan.threads_per_block
+    else:
+        extra = ()
+        blocks, tpb = (N + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, THREADS_PER_BLOCK
     first = plan.compile_s is None
     t_launch = time.perf_counter()
-    kernel[blocks, THREADS_PER_BLOCK](d["y0"], d["t0"], d["t_end"], d["t_save"], d["params"],
-                                      args_d, inp["rtol"], d["atol"], d["weights"], d["h0"],
-                                      inp["n_weighted"], ys, t_out, st, nacc, nrej, np.int64(N))
+    kernel[blocks, tpb](d["y0"], d["t0"], d["t_end"], d["t_save"], d["params"], args_d,
+                        inp["rtol"], d["atol"], d["weights"], d["h0"], inp["n_weighted"], *out,
+                        np.int64(N), *extra)
     cuda.synchronize()
     elapsed = time.perf_counter() - t_launch
     if first:
         plan.compile_s = elapsed  # compile + first run
-    info = {"linear_solver": "sparse", "jacobian_colors": plan.jacobian_colors,
+    info = {"linear_solver": "sparse", "kernel": "warp" if warp else "thread",
+            "lanes": getattr(plan, "lanes", 1), "jacobian_colors": plan.jacobian_colors,
             "jacobian": plan.jacobian_kind,
             "lu_slots": int(plan.linear.nslots), "kernel_seconds": elapsed,
             "first_call_includes_compile": first, "host_setup_seconds": plan.host_setup_s,
             "kernel_module": plan.module_path, "table_values": plan.spec.n_tv, "launch": "numba",
             "local_mem_per_thread": kernel_attr(kernel, "get_local_mem_per_thread"),
             "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
-    return kernel_solution(ys.copy_to_host(), t_out.copy_to_host(), st.copy_to_host(),
-                           nacc.copy_to_host(), nrej.copy_to_host(), "cuda", info)
-
-
-def _solve_numba_warp(rhs, inp, args, max_steps, controller, tableau, module_dir):
-    plan = build_warp_plan(rhs, inp["n"], inp["P"], args=args, max_steps=max_steps,
-                           controller=controller, tableau=tableau)
-    check_plan_split(plan, rhs, inp, args)
-    kernel = plan.kernel(module_dir)
-    cuda = plan._cuda
-    N, n, m = inp["N"], inp["n"], inp["t_save"].shape[1]
-    d = {k: cuda.to_device(inp[k]) for k in ("y0", "t0", "t_end", "t_save", "params", "atol",
-                                             "weights", "h0")}
-    ys = cuda.device_array((N, m, n), dtype=np.float64)
-    t_out = cuda.device_array(N, dtype=np.float64)
-    st = cuda.device_array(N, dtype=np.int32)
-    nacc = cuda.device_array(N, dtype=np.int32)
-    nrej = cuda.device_array(N, dtype=np.int32)
-    first = plan.compile_s is None
-    t_launch = time.perf_counter()
-    kernel[plan.blocks(N), plan.threads_per_block](
-        d["y0"], d["t0"], d["t_end"], d["t_save"], d["params"], cuda.to_device(args_array(args)),
-        inp["rtol"], d["atol"], d["weights"], d["h0"], inp["n_weighted"], ys, t_out, st, nacc,
-        nrej, np.int64(N), cuda.to_device(plan.sched), cuda.to_device(plan.sched_f))
-    cuda.synchronize()
-    elapsed = time.perf_counter() - t_launch
-    if first:
-        plan.compile_s = elapsed
-    info = {"linear_solver": "sparse", "kernel": "warp", "lanes": plan.lanes,
-            "jacobian": "direct", "jacobian_colors": 0, "lu_slots": int(plan.linear.nslots),
-            "kernel_seconds": elapsed, "first_call_includes_compile": first,
-            "host_setup_seconds": plan.host_setup_s, "kernel_module": plan.module_path,
-            "table_values": plan.spec.n_tv, "launch": "numba",
-            "local_mem_per_thread": kernel_attr(kernel, "get_local_mem_per_thread"),
-            "regs_per_thread": kernel_attr(kernel, "get_regs_per_thread")}
-    return kernel_solution(ys.copy_to_host(), t_out.copy_to_host(), st.copy_to_host(),
-                           nacc.copy_to_host(), nrej.copy_to_host(), "cuda", info)
+    return kernel_solution(*(o.copy_to_host() for o in out), "cuda", info)
 
 
 def choose_kernel(kind: str, rhs, args, sparsity) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .codegen.warp import SYNC
 from .modules import load_module
-from .inputs import sens_call_args, sens_outputs
+from .inputs import plain_outputs, sens_call_args, sens_outputs
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array
 
@@ -112,11 +112,7 @@ def emulate_warp(plan, inp, args, lane_order="forward", module_dir=None):
     """The warp kernel on kernel inputs (``inputs.kernel_inputs``), emulated: a Solution."""
     mod, emu = warp_emulation_module(plan, module_dir)
     N, n, m = inp["N"], inp["n"], inp["t_save"].shape[1]
-    ys = np.full((N, m, n), -12345.0)
-    t_out = np.zeros(N)
-    st = np.full(N, -7, np.int32)
-    nacc = np.zeros(N, np.int32)
-    nrej = np.zeros(N, np.int32)
+    ys, t_out, st, nacc, nrej = plain_outputs(N, m, n)
     call = (inp["y0"], inp["t0"], inp["t_end"], inp["t_save"], inp["params"], args_array(args),
             inp["rtol"], inp["atol"], inp["weights"], inp["h0"], inp["n_weighted"], ys, t_out,
             st, nacc, nrej, N, plan.sched, plan.sched_f)
