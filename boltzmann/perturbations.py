@@ -106,9 +106,10 @@ def observables(model, ys, x_save, rows, table, *, compiled: bool = True) -> dic
 
 
 def _czk(values, C: int, K: int, z_cols, inverse=None):
-    """(N, S) in trajectory order → (C, Z, K) in the requested z order."""
+    """(N, S) in trajectory order → (C, Z, K) in the requested z order (numpy or JAX, as given)."""
+    xp = np if isinstance(values, np.ndarray) else jnp
     v = values if inverse is None else values[inverse]
-    return jnp.moveaxis(v[:, jnp.asarray(z_cols)].reshape(C, K, len(z_cols)), 2, 1)
+    return xp.moveaxis(v[:, xp.asarray(z_cols)].reshape(C, K, len(z_cols)), 2, 1)
 
 
 def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, backend="auto",
@@ -168,8 +169,9 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     inverse[order] = np.arange(N)
     ys = ys_chunks[0] if len(ys_chunks) == 1 else jnp.concatenate(
         [jnp.asarray(y) for y in ys_chunks])
-    obs = observables(model, ys, x_save, rows, tables.model_table)
-    fields = {name: np.asarray(_czk(v, C, K, z_cols, inverse)) for name, v in obs.items()}
+    # one transfer of every observable, then host-side reordering (no device op per field)
+    obs = jax.device_get(observables(model, ys, x_save, rows, tables.model_table))
+    fields = {name: _czk(np.asarray(v), C, K, z_cols, inverse) for name, v in obs.items()}
     timings["observables"] = time.perf_counter() - t0
     return Transfers(k=k, z=zs, k_h=None if k_h is None else np.asarray(k_h, np.float64), fields=fields,
                      status=status[inverse].reshape(C, K), n_accepted=n_acc[inverse].reshape(C, K),

@@ -37,6 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.lax.linalg import tridiagonal_solve
 
+from solver.caches import Cache
+
+#: compiled power_spectra programs by (the h/Mpc grid, σ8 or not, the fields it reads): one
+#: dispatch for the spectra stage instead of one per operation (on a GPU each costs a launch)
+_SPECTRA_PROGRAMS = Cache("boltzmann.spectra_programs", maxsize=16)
+
 __all__ = [
     "Spectra",
     "compute_spectra",
@@ -371,8 +377,10 @@ def _sigma8_all(k, k_h, pk, h):
 
 def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True) -> dict:
     """{P_m, P_cb: (C, Z, K); sigma8, sigma8_cb: (C, Z)} from transfer fields (C, Z, K); traceable
-    in the fields and in ``cosmos`` (stacked CosmoParams), ``k`` (C, K) concrete."""
-    k = np.asarray(k, np.float64)
+    in the fields and in ``cosmos`` (stacked CosmoParams); ``k`` (C, K) concrete, or traced when
+    the grid is given in h/Mpc (``k_h``)."""
+    if k_h is None:
+        k = np.asarray(k, np.float64)
     d_m = jnp.asarray(fields["d_m"])
     if "d_cb" in fields:
         d_cb = jnp.asarray(fields["d_cb"])
@@ -392,6 +400,14 @@ def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True) -> d
     return out
 
 
+def _spectra_program(k_h: np.ndarray, with_sigma8: bool, names: tuple):
+    """``power_spectra`` on an h/Mpc grid ``k_h`` compiled once (k and the fields traced)."""
+    def build():
+        return jax.jit(lambda fields, k, cosmos: power_spectra(fields, k, cosmos, k_h=k_h,
+                                                               with_sigma8=with_sigma8))
+    return _SPECTRA_PROGRAMS.get_or_build((k_h.tobytes(), with_sigma8, names), build)
+
+
 def compute_spectra(transfers, cosmos, *, check_coverage: bool = True) -> Spectra:
     """Stage 3: P_m, P_cb and σ8 of every cosmology from a ``perturbations.Transfers``.
 
@@ -401,9 +417,14 @@ def compute_spectra(transfers, cosmos, *, check_coverage: bool = True) -> Spectr
     k = np.asarray(transfers.k)
     C, K = k.shape
     with_sigma8 = K >= 5
-    out = {n: np.asarray(v) for n, v in power_spectra(transfers.fields, k, cosmos,
-                                                      k_h=transfers.k_h,
-                                                      with_sigma8=with_sigma8).items()}
+    names = ("d_m", "d_cb") if "d_cb" in transfers.fields else ("d_m", "d_cdm", "d_b")
+    used = {n: transfers.fields[n] for n in names}
+    if transfers.k_h is None:
+        spectra = power_spectra(used, k, cosmos, with_sigma8=with_sigma8)
+    else:
+        spectra = _spectra_program(np.asarray(transfers.k_h, np.float64), with_sigma8, names)(
+            used, jnp.asarray(k), cosmos)
+    out = {n: np.asarray(v) for n, v in jax.device_get(spectra).items()}
     problems = []
     if not with_sigma8:
         nan = np.full((C, len(transfers.z)), np.nan)

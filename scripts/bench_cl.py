@@ -135,6 +135,11 @@ def main(argv=None):
         return _gradients_report(args, config, backend)
     if args.coarser != 1.0:
         parser.error("--coarser applies to --gradients only")
+    if args.with_class:
+        try:
+            import classy  # noqa: F401
+        except ImportError:
+            parser.error("--class needs classy (the reference extra: pip install -e '.[reference]')")
     rows = time_ours(config, backend, args.runs)
     result = dict(_header(args, config), runs=rows)
     print(f"\n{args.config}, backend {args.backend} on {result['device']}, "
