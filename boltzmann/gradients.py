@@ -113,9 +113,6 @@ class PowerSpectrumFunction:
     the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves (default:
     1 on the CUDA backend, whose solves run in turn, each as long as its slowest mode;
     ``perturbations.N_CHUNKS_JAX`` lock-step solves on the JAX backend),
-    ``direction_block`` the directions per joint solve of the Jacobian (default: half of them on
-    the JAX backend, whose joint-solve program grows with the directions -- the compile's time
-    and memory -- while each block re-solves the states; all at once on CUDA),
     ``with_sigma8=False`` drops σ8 and its extra modes, ``sensitivity_error_control`` and
     ``backend`` ("jax", "cuda" or "auto") are passed to ``solve_diff`` (docs/gradients.md).
     """
@@ -128,7 +125,7 @@ class PowerSpectrumFunction:
                  n_chunks: int | None = None,
                  sensitivity_error_control: bool = True, with_sigma8: bool = True,
                  backend: str = "jax", z_background=None,
-                 derived: Sequence[str] = DERIVED_OUTPUTS, direction_block: int | None = None):
+                 derived: Sequence[str] = DERIVED_OUTPUTS):
         require_float64()
         self.config = config
         self.backend = backend
@@ -167,10 +164,6 @@ class PowerSpectrumFunction:
         if n_chunks is None:
             n_chunks = N_CHUNKS_JAX if resolve_backend(backend).name == "jax" else 1
         n_chunks = max(1, min(int(n_chunks), self.k_solve.size))
-        if direction_block is None:
-            m = len(self.parameters)
-            direction_block = -(-m // 2) if resolve_backend(backend).name == "jax" else m
-        self.direction_block = max(1, int(direction_block))
         size = int(math.ceil(self.k_solve.size / n_chunks))
         self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]
         self.theta0 = self._map.theta0
@@ -345,8 +338,7 @@ class PowerSpectrumFunction:
         (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = jax.block_until_ready(
             self._jit_inputs_jvp(theta))
         t1 = time.perf_counter()
-        ys, dys = jax.block_until_ready(self._solve_in_blocks(table, rows, y0, dtable, drows,
-                                                              dy0))
+        ys, dys = jax.block_until_ready(self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0))
         t2 = time.perf_counter()
         out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, thermo, dys,
                                                           drows, dtable, dthermo))
@@ -355,29 +347,6 @@ class PowerSpectrumFunction:
         self.last_stage_seconds = {"inputs": t1 - t0, "solve": t2 - t1,
                                    "outputs": time.perf_counter() - t2}
         return out
-
-    def _solve_in_blocks(self, table, rows, y0, dtable, drows, dy0):
-        """The joint solves of ``direction_block`` directions each (the last block padded with
-        zero directions: one compiled program); states from the first block's solve."""
-        m = dy0.shape[0]
-        b = min(self.direction_block, m)
-        if b >= m:
-            return self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0)
-        ys, parts = None, []
-        for start in range(0, m, b):
-            sel = np.arange(start, start + b)
-            real = sel < m
-            sel = np.where(real, sel, 0)
-
-            def take(t):
-                return jnp.where(jnp.asarray(real).reshape((-1,) + (1,) * (t.ndim - 1)),
-                                 t[sel], 0.0)
-
-            y_b, d_b = self._jit_solve_jvp(table, rows, y0, take(dtable), take(drows),
-                                           take(dy0))
-            ys = y_b if ys is None else ys
-            parts.append(d_b[:int(real.sum())])
-        return ys, jnp.concatenate(parts, axis=0)
 
     def value(self, theta=None) -> dict:
         """The outputs at θ, as calling the object does."""
