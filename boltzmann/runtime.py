@@ -6,7 +6,9 @@ which keeps the compiled XLA programs (tables, initial conditions, the JAX-backe
 observables, the Jacobian programs) between processes so that a second run does not compile
 again. The CUDA backend keeps its compiled kernels and FFI handler under the same cache root
 (``solver.CudaBackend(cache_root=...)``), and host-built tables that cost seconds to make (the
-CMB's spherical Bessel table) live in its ``tables`` folder (``persistent_dir``).
+CMB's spherical Bessel table) live in its ``tables`` folder (``persistent_dir``). The traced form of
+the large programs (``solver.persisted``) lives in its ``exported`` folder: with it a second run
+neither traces nor lowers them.
 
 Environment variables are read here and only here (``Settings.from_environment``), by the entry
 points; the library itself takes arguments.
@@ -28,6 +30,8 @@ __all__ = ["Settings", "CompileCounter", "configure", "use_float64", "require_fl
 XLA_DIR = "xla"
 CUDA_DIR = "cuda"
 TABLES_DIR = "tables"
+#: the traced form of the large programs (``solver.persisted``, ``jax.export``)
+EXPORTED_DIR = "exported"
 
 #: the cache root ``configure`` set up in this process (None: no persistent cache)
 _configured_root: Path | None = None
@@ -110,6 +114,8 @@ def configure(settings: Settings = Settings()) -> CompileCounter:
     counter = CompileCounter()
     jax.monitoring.register_event_listener(counter)
     _configured_root = settings.cache_root
+    from solver import set_program_store
+    set_program_store(None if settings.cache_root is None else settings.cache_root / EXPORTED_DIR)
     if settings.cache_root is None:
         return counter
     xla = settings.cache_root / XLA_DIR
@@ -156,7 +162,7 @@ def clear_cache(settings: Settings) -> list[Path]:
     """Delete the persistent cache's folders; returns what was removed."""
     removed = []
     if settings.cache_root is not None:
-        for name in (XLA_DIR, CUDA_DIR, TABLES_DIR):
+        for name in (XLA_DIR, CUDA_DIR, TABLES_DIR, EXPORTED_DIR):
             path = settings.cache_root / name
             if path.exists():
                 shutil.rmtree(path)

@@ -9,6 +9,7 @@ compiled program per model and grid, cosmologies in pieces, host placement for f
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import jax
@@ -17,6 +18,7 @@ import numpy as np
 
 from models.hermite import cumulative_hermite
 from solver.caches import Cache
+from solver.persisted import PersistedProgram
 
 from . import background as bg
 from .modes import Grid
@@ -100,11 +102,17 @@ def tables_one(cosmo, grid: Grid, model):
 
 def _program(grid: Grid, model, batched: bool):
     """jit(vmap(tables_one)) (``batched``) or jit(tables_one) for one grid and model, compiled
-    once. One cosmology runs unbatched: XLA fuses the vmapped scan differently, which moves the
-    tables by ~1e-10, and a lone cosmology should not pay for batching."""
+    once (its traced form persisted when a program store is set). One cosmology runs unbatched:
+    XLA fuses the vmapped scan differently, which moves the tables by ~1e-10, and a lone
+    cosmology should not pay for batching."""
     def build():
         one = lambda c: tables_one(c, grid, model)  # noqa: E731
-        return model, jax.jit(jax.vmap(one) if batched else one)
+        # persisted (solver.persisted): later processes skip its ~1 s trace. The model's
+        # generated source is all of it the program depends on besides the grid and columns
+        parts = ("boltzmann.tables", repr(grid), tuple(model.table_columns),
+                 hashlib.sha256(model.source.encode()).hexdigest(), bool(batched))
+        return model, PersistedProgram(jax.vmap(one) if batched else one, parts,
+                                       name="boltzmann.tables")
     return _PROGRAMS.get_or_build((grid, id(model), batched), build)[1]
 
 

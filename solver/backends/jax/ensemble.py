@@ -28,6 +28,11 @@ class EnsembleResult(NamedTuple):
     n_rejected: jax.Array
 
 
+# the ensemble solve's output, persisted by jax.export (solver.persisted) as this namedtuple
+jax.export.register_namedtuple_serialization(
+    EnsembleResult, serialized_name="solver.backends.jax.ensemble.EnsembleResult")
+
+
 def _weighted_rms(err, y0, y1, rtol, atol, weights, n_weighted):
     scale = atol + rtol * jnp.maximum(jnp.abs(y0), jnp.abs(y1))
     r = weights * err / scale

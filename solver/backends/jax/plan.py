@@ -2,7 +2,8 @@
 
 Everything derived from (rhs, sizes, options) is built once and cached, so repeated solves of the
 same model pay only the solve; ``solve`` and ``solve_diff``'s undifferentiated value share the
-cache.
+cache. A plain plan's solve program is a ``solver.persisted.PersistedProgram``: with a program
+store set, later processes load its traced form instead of tracing it again.
 """
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...caches import Cache
+from ...digest import digest_of
 from ...linalg.direct import build_direct_jacobian, declared_pattern, direct_jacobian_of
 from ...linalg.jacobian import build_jacobian_plan
 from ...linalg.linear import build_linear_solver
 from ...linalg.sparsity import solver_pattern
+from ...persisted import PersistedProgram
 from .ensemble import make_ensemble_solver
 
 __all__ = ["JaxPlan", "get_plan", "abstract_args"]
@@ -77,8 +80,30 @@ class JaxPlan:
         self.jacobian = "direct" if lj is not None else "colored"
         #: trajectories advanced together (None: all; ``ensemble.make_ensemble_solver``)
         self.lanes = lanes
-        self.run = jax.jit(make_ensemble_solver(f, self.jac, self.linear, tab, ctrl, max_steps,
-                                                lanes=lanes))
+        run = make_ensemble_solver(f, self.jac, self.linear, tab, ctrl, max_steps, lanes=lanes)
+        if linear is None and seed_columns is None and jac_builder is None and f_array is None:
+            # a plain plan is determined by what the key names; the joint sensitivity plans
+            # (prebuilt solver, seeds, builders) stay plain jit
+            parts = _plan_key_parts(rhs, n, n_params, has_args, sparsity, linear_solver, tab,
+                                    ctrl, max_steps, lanes)
+            self.run = PersistedProgram(run, parts, name="solver.ensemble")
+        else:
+            self.run = jax.jit(run)
+
+
+def _plan_key_parts(rhs, n, n_params, has_args, sparsity, linear_solver, tab, ctrl, max_steps,
+                    lanes):
+    """The persisted solve program's key parts (``PersistedProgram``), computed on first need:
+    fingerprints of the rhs and its declared Jacobian (``solver.digest``; Unfingerprintable
+    there means the program is not persisted) and the options the plan is built from."""
+    def parts():
+        lj = direct_jacobian_of(rhs)
+        declared = None if lj is None else (digest_of(lj.values), tuple(lj.rows), tuple(lj.cols))
+        return ("solver.ensemble", digest_of(rhs), declared, int(n), int(n_params),
+                bool(has_args),
+                None if sparsity is None else np.asarray(sparsity, bool).tobytes(),
+                linear_solver, tab.name, digest_of(vars(tab)), repr(ctrl), int(max_steps), lanes)
+    return parts
 
 
 def _make_jacobian(rhs, has_args, pattern, linear, seed_columns=None):

@@ -1,0 +1,258 @@
+"""Large jitted programs whose traced form is kept on disk, so a later process does not trace them.
+
+JAX's persistent compilation cache keeps compiled executables between processes, but every
+process still traces the Python function and lowers it to StableHLO before the cache can be
+consulted. For the few large programs of a run (the JAX backend's ensemble solve, the boltzmann
+tables) that is seconds of a second run that computes for about one. :class:`PersistedProgram`
+stores the traced program with ``jax.export`` instead: a later process deserializes it and runs
+``jax.jit(exported.call)``, whose lowering is cheap, and the XLA cache then supplies the
+executable.
+
+Nothing is persisted unless a store directory is set (:func:`set_program_store`; the entry
+points do it through ``boltzmann.runtime.configure``): the library sets no global state at import.
+An entry's key covers everything that could change the traced program -- the caller's key parts
+(fingerprints of the functions traced, sizes, options), a digest of this project's source, the
+JAX and jaxlib versions, the platform and the arguments' abstract signature -- so a stale entry is
+never loaded; a file whose checksum does not match (truncated, overwritten) is deleted and
+rebuilt. Anything that cannot be keyed or exported (a tracer argument, an unfingerprintable
+function, a host callback) falls back to plain ``jax.jit``, silently: persistence only saves time.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+
+__all__ = ["PersistedProgram", "set_program_store", "program_store", "code_digest", "STATS",
+           "SUFFIX"]
+
+log = logging.getLogger(__name__)
+
+#: file name suffix of a stored program
+SUFFIX = ".jaxexport"
+#: first line of a stored program; the second is the sha256 (hex) of the payload after it
+MAGIC = b"persisted-jax-export-1\n"
+#: packages whose source is hashed into every key (any edit of them invalidates every entry)
+CODE_PACKAGES = ("solver", "models", "boltzmann")
+#: process-wide counts: programs exported and written, loaded from the store, run by plain jit
+#: (no store, a tracer argument, no key, a failed export), entries found corrupt and deleted
+STATS = {"exported": 0, "loaded": 0, "plain": 0, "corrupt": 0}
+
+_store: Path | None = None
+_code_digest: str | None = None
+
+
+def set_program_store(directory) -> None:
+    """Keep persisted programs under ``directory`` (created when first written); None: persist
+    nothing (the default), every program is then plain ``jax.jit``."""
+    global _store
+    _store = None if directory is None else Path(directory).expanduser()
+
+
+def program_store() -> Path | None:
+    """The directory set by :func:`set_program_store` (None: none)."""
+    return _store
+
+
+def code_digest() -> str:
+    """sha256 over every .py file of ``CODE_PACKAGES`` (relative path and content), read once per
+    process: the traced programs are built by this code, so an edit anywhere invalidates them
+    (coarse, but a stale program would be a silent wrong answer)."""
+    global _code_digest
+    if _code_digest is None:
+        root = Path(__file__).resolve().parents[1]
+        h = hashlib.sha256()
+        for package in CODE_PACKAGES:
+            for path in sorted((root / package).rglob("*.py")):
+                h.update(str(path.relative_to(root)).encode() + b"\x00")
+                h.update(path.read_bytes() + b"\x01")
+        _code_digest = h.hexdigest()
+    return _code_digest
+
+
+def _platform(leaves) -> str:
+    """The platform the program will run on: that of committed array arguments, else the default
+    device's (``jax.default_device`` context included), else the default backend."""
+    platforms = {d.platform for x in leaves if isinstance(x, jax.Array)
+                 and getattr(x, "committed", False) for d in x.devices()}
+    if len(platforms) == 1:
+        return platforms.pop()
+    dev = jax.config.jax_default_device
+    if isinstance(dev, str):
+        return dev
+    if dev is not None and hasattr(dev, "platform"):
+        return dev.platform
+    return jax.default_backend()
+
+
+def _signature(leaves, treedef):
+    """(hashable signature, abstract leaves) of the flattened arguments, or None when an argument
+    is not a plain single-device value (then the program runs by plain jit)."""
+    tree = str(treedef)
+    if " at 0x" in tree:      # an aux datum printed by id: not stable between processes
+        return None
+    avals, parts = [], [tree]
+    for x in leaves:
+        if isinstance(x, jax.Array) and len(x.devices()) != 1:
+            return None
+        try:
+            aval = jax.typeof(x)
+            shape, dtype, weak = tuple(aval.shape), np.dtype(aval.dtype), bool(aval.weak_type)
+        except Exception:  # noqa: BLE001 - anything jit would treat specially
+            return None
+        avals.append(jax.ShapeDtypeStruct(shape, dtype, weak_type=weak))
+        parts.append(f"{shape}:{dtype.str}:{int(weak)}")
+    return "|".join(parts), avals
+
+
+def _read_entry(path: Path):
+    """The payload of a stored program, or None when there is none or it is corrupt (then
+    deleted, so that it is rebuilt)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head = len(MAGIC) + 65
+    if (len(data) > head and data.startswith(MAGIC) and data[head - 1:head] == b"\n"
+            and hashlib.sha256(data[head:]).hexdigest().encode() == data[len(MAGIC):head - 1]):
+        return data[head:]
+    log.debug("persisted program %s is corrupt: deleted", path.name)
+    STATS["corrupt"] += 1
+    path.unlink(missing_ok=True)
+    return None
+
+
+def _write_entry(path: Path, payload: bytes) -> None:
+    """Write atomically: a temporary file in the same folder, then ``os.replace``, so a
+    concurrent reader sees the old file, none, or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+        os.chmod(tmp, 0o644)          # as readable as the XLA cache beside it (mkstemp: 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class PersistedProgram:
+    """``jax.jit(fn)``, with its traced form persisted in the program store.
+
+    key_parts: what identifies ``fn`` beyond the project's code and the arguments' signature
+    (strings, numbers, bytes; fingerprints of the functions it traces), or a callable returning
+    them, evaluated once on first need (it may raise: the program is then never persisted).
+    ``fn``'s outputs must be serializable pytrees for ``jax.export`` (tuples, lists, dicts, None,
+    namedtuples registered with ``jax.export.register_namedtuple_serialization``); otherwise
+    the program runs by plain jit.
+    """
+
+    def __init__(self, fn: Callable, key_parts, name: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "program")
+        self._key_parts = key_parts
+        self._parts_digest: str | None = None
+        self._keyable = True
+        self._jit = jax.jit(fn)
+        #: (store, signature) -> the callable taking the flat argument leaves
+        self._programs: dict = {}
+
+    def __call__(self, *args):
+        store = _store
+        if store is None:
+            return self._jit(*args)
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+            STATS["plain"] += 1
+            return self._jit(*args)
+        sig = _signature(leaves, treedef)
+        if sig is None:
+            STATS["plain"] += 1
+            return self._jit(*args)
+        platform = _platform(leaves)
+        slot = (str(store), platform, sig[0])
+        program = self._programs.get(slot)
+        if program is None:
+            program = self._build(store, platform, sig, treedef)
+            self._programs[slot] = program
+        if program is self._jit:
+            return self._jit(*args)
+        return program(*leaves)
+
+    def clear(self) -> None:
+        """Forget the loaded programs (a later call reads the store again)."""
+        self._programs.clear()
+
+    def _digest_of_parts(self):
+        if self._parts_digest is None and self._keyable:
+            try:
+                parts = self._key_parts() if callable(self._key_parts) else self._key_parts
+                h = hashlib.sha256()
+                for part in parts:
+                    h.update(repr(part).encode() + b"\x00")
+                self._parts_digest = h.hexdigest()
+            except Exception as exc:  # noqa: BLE001 - e.g. Unfingerprintable: not persisted
+                log.debug("%s: no key (%s: %s), plain jit", self.name, type(exc).__name__, exc)
+                self._keyable = False
+        return self._parts_digest
+
+    def key(self, platform: str, signature: str) -> str | None:
+        """The store key of this program for one platform and argument signature."""
+        parts = self._digest_of_parts()
+        if parts is None:
+            return None
+        import jaxlib
+        h = hashlib.sha256()
+        for item in (parts, code_digest(), jax.__version__, jaxlib.__version__, platform,
+                     bool(jax.config.jax_enable_x64), str(jax.config.jax_default_matmul_precision),
+                     signature):
+            h.update(str(item).encode() + b"\x00")
+        return h.hexdigest()
+
+    def _build(self, store: Path, platform: str, sig, treedef):
+        """The callable for one signature: loaded from the store, else exported and written;
+        plain jit (``self._jit``) if that fails."""
+        signature, avals = sig
+        key = self.key(platform, signature)
+        if key is None:
+            STATS["plain"] += 1
+            return self._jit
+        path = store / f"{key}{SUFFIX}"
+        payload = _read_entry(path)
+        if payload is not None:
+            try:
+                exported = jax.export.deserialize(payload)
+                STATS["loaded"] += 1
+                log.debug("%s: loaded %s", self.name, path.name)
+                return jax.jit(exported.call)
+            except Exception as exc:  # noqa: BLE001 - e.g. written by an incompatible jaxlib
+                log.debug("%s: %s does not deserialize (%s): deleted", self.name, path.name, exc)
+                STATS["corrupt"] += 1
+                path.unlink(missing_ok=True)
+        fn = self.fn
+
+        def flat(*leaves):
+            return fn(*jax.tree_util.tree_unflatten(treedef, leaves))
+
+        try:
+            exported = jax.export.export(jax.jit(flat), platforms=[platform])(*avals)
+            payload = bytes(exported.serialize())
+            # what a later process runs: the program as read back, so both share XLA entries
+            exported = jax.export.deserialize(payload)
+        except Exception as exc:  # noqa: BLE001 - unsupported primitive, callback, output tree
+            log.debug("%s: not exported (%s: %s), plain jit", self.name, type(exc).__name__, exc)
+            STATS["plain"] += 1
+            return self._jit
+        try:
+            _write_entry(path, payload)
+        except OSError as exc:          # a read-only or full disk: run it, store nothing
+            log.debug("%s: %s not written (%s)", self.name, path.name, exc)
+        STATS["exported"] += 1
+        return jax.jit(exported.call)

@@ -1,0 +1,221 @@
+"""Persisted traced programs (solver.persisted): a later process loads the exported program instead
+of tracing it and computes the same bits; a changed program never loads a stale entry; a corrupt
+entry is deleted and rebuilt; tracer arguments and unkeyable programs fall back to plain jit.
+Small problems only (a two-component linear ODE), so the module stays fast on the CPU.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import solver
+from solver import persisted
+from solver.persisted import SUFFIX, PersistedProgram, set_program_store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path):
+    set_program_store(tmp_path / "exported")
+    yield tmp_path / "exported"
+    set_program_store(None)
+
+
+def _entries(store):
+    return sorted(store.glob(f"*{SUFFIX}")) if store.exists() else []
+
+
+def _counting(fn):
+    calls = []
+
+    def wrapped(*args):
+        calls.append(1)
+        return fn(*args)
+    return wrapped, calls
+
+
+def _program(x, p):
+    return {"y": jnp.sin(x) * p[0] + p[1], "s": (jnp.sum(x), x.shape[0])}
+
+
+def test_a_new_instance_loads_without_tracing_and_agrees(store):
+    x, p = jnp.linspace(0.0, 1.0, 7), (jnp.float64(2.0), 0.5)
+    fn, calls = _counting(_program)
+    first = PersistedProgram(fn, ("test", 1))(x, p)
+    assert len(calls) == 1 and len(_entries(store)) == 1
+    before = dict(persisted.STATS)
+    fn2, calls2 = _counting(_program)        # as a later process would: nothing in memory
+    again = PersistedProgram(fn2, ("test", 1))(x, p)
+    assert calls2 == [] and persisted.STATS["loaded"] == before["loaded"] + 1
+    plain = jax.jit(_program)(x, p)
+    for a, b, c in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(again),
+                       jax.tree_util.tree_leaves(plain)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes() == np.asarray(c).tobytes()
+    assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(plain)
+
+
+def test_changed_key_or_signature_writes_a_new_entry(store):
+    x = jnp.linspace(0.0, 1.0, 7)
+    PersistedProgram(lambda a: a * 2.0, ("double",))(x)
+    out = PersistedProgram(lambda a: a * 3.0, ("triple",))(x)
+    assert len(_entries(store)) == 2 and np.allclose(out, 3.0 * x)
+    PersistedProgram(lambda a: a * 3.0, ("triple",))(jnp.linspace(0.0, 1.0, 8))  # new shape
+    PersistedProgram(lambda a: a * 3.0, ("triple",))(jnp.linspace(0.0, 1.0, 8, dtype=jnp.float32))
+    assert len(_entries(store)) == 4
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "bad_payload"])
+def test_corrupt_entry_is_deleted_and_rebuilt(store, damage):
+    x = jnp.linspace(0.0, 1.0, 5)
+    PersistedProgram(lambda a: jnp.cos(a), ("cos",))(x)
+    (entry,) = _entries(store)
+    data = entry.read_bytes()
+    if damage == "truncate":
+        entry.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        entry.write_bytes(b"not an exported program")
+    else:   # a well-formed file whose payload does not deserialize
+        import hashlib
+        payload = b"\x00" * 64
+        entry.write_bytes(persisted.MAGIC + hashlib.sha256(payload).hexdigest().encode()
+                          + b"\n" + payload)
+    before = dict(persisted.STATS)
+    fn, calls = _counting(lambda a: jnp.cos(a))
+    out = PersistedProgram(fn, ("cos",))(x)
+    assert calls == [1]                                   # traced again
+    assert persisted.STATS["corrupt"] == before["corrupt"] + 1
+    assert persisted.STATS["exported"] == before["exported"] + 1
+    assert np.asarray(out).tobytes() == np.asarray(jnp.cos(x)).tobytes()
+    fn2, calls2 = _counting(lambda a: jnp.cos(a))
+    PersistedProgram(fn2, ("cos",))(x)                    # the rebuilt entry is good
+    assert calls2 == []
+
+
+def test_tracer_arguments_fall_back_to_plain_jit(store):
+    prog = PersistedProgram(lambda a: jnp.sum(jnp.sin(a) ** 2), ("sq",))
+    x = jnp.linspace(0.0, 1.0, 5)
+    g = jax.grad(prog)(x)
+    v = jax.jit(lambda a: prog(a) * 2.0)(x)
+    assert _entries(store) == []
+    assert np.allclose(g, 2 * jnp.sin(x) * jnp.cos(x)) and np.isclose(v, 2 * jnp.sum(jnp.sin(x) ** 2))
+
+
+def test_no_store_or_no_key_is_plain_jit(tmp_path):
+    x = jnp.ones(3)
+    assert persisted.program_store() is None
+    assert np.allclose(PersistedProgram(lambda a: a + 1, ("p",))(x), 2.0)
+
+    from solver.digest import Unfingerprintable
+
+    def no_key():
+        raise Unfingerprintable("test")
+    set_program_store(tmp_path / "s")
+    try:
+        assert np.allclose(PersistedProgram(lambda a: a + 1, no_key)(x), 2.0)
+        assert _entries(tmp_path / "s") == []
+    finally:
+        set_program_store(None)
+
+
+def test_fingerprint_describes_namespaces():
+    from types import SimpleNamespace
+
+    from solver.backends.cuda.fingerprint import fingerprint as cuda_fingerprint
+    from solver.digest import digest_of, fingerprint
+    assert cuda_fingerprint is fingerprint
+    a = SimpleNamespace(f=math.sin, k=1.0)
+    assert digest_of(a) == digest_of(SimpleNamespace(f=math.sin, k=1.0))
+    assert digest_of(a) != digest_of(SimpleNamespace(f=math.sin, k=2.0))
+
+
+def test_eb_rhs_is_fingerprintable():
+    from models.eb import build_eb_model
+    from solver.digest import digest_of
+    m = build_eb_model(l_max_g=6, l_max_pol_g=4, l_max_ur=6)
+    assert digest_of(m.rhs) == digest_of(m.rhs)
+    assert digest_of(m.rhs) != digest_of(build_eb_model(l_max_g=8, l_max_pol_g=4,
+                                                        l_max_ur=6).rhs)
+
+
+_SCRIPT = r"""
+import json, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+import numpy as np
+import solver
+from solver import persisted
+solver.set_program_store(sys.argv[1])
+rate, max_steps = float(sys.argv[2]), int(sys.argv[3])
+def rhs(y, t, p):
+    return (-RATE * p[0] * y[0] + y[1], -p[1] * y[1])
+RATE = rate
+y0 = np.ones((3, 2)); p = np.array([[1.0, 2.0], [3.0, 0.5], [2.0, 2.0]])
+sol = solver.solve(rhs, y0, np.linspace(0.0, 1.0, 5), p, max_steps=max_steps)
+print(json.dumps({"stats": persisted.STATS, "ys": np.asarray(sol.ys).tobytes().hex()}))
+"""
+
+
+RATE = 1.0
+
+
+def _rhs(y, t, p):
+    return (-RATE * p[0] * y[0] + y[1], -p[1] * y[1])
+
+
+def _process(store, rate=1.0, max_steps=1000):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BOLTZMANN_", "XDG_CACHE"))}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(store), str(rate), str(max_steps)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_solve_program_persists_across_processes(tmp_path):
+    store = tmp_path / "exported"
+    cold = _process(store)
+    assert cold["stats"]["exported"] == 1 and cold["stats"]["loaded"] == 0
+    warm = _process(store)
+    assert warm["stats"]["exported"] == 0 and warm["stats"]["loaded"] == 1
+    assert warm["ys"] == cold["ys"]
+    # plain jit (no store) in this process computes the same bits
+    assert persisted.program_store() is None
+    sol = solver.solve(_rhs, np.ones((3, 2)), np.linspace(0.0, 1.0, 5),
+                       np.array([[1.0, 2.0], [3.0, 0.5], [2.0, 2.0]]), max_steps=1000)
+    assert np.asarray(sol.ys).tobytes().hex() == cold["ys"]
+    assert len(_entries(store)) == 1
+    # a different rhs (same shapes) and a different max_steps: their own entries, never the
+    # stale one
+    other = _process(store, rate=2.0)
+    assert other["stats"]["exported"] == 1 and other["ys"] != cold["ys"]
+    steps = _process(store, max_steps=500)
+    assert steps["stats"]["exported"] == 1 and steps["ys"] == cold["ys"]
+    assert len(_entries(store)) == 3
+
+
+def test_configure_sets_the_store_and_clear_cache_removes_it(tmp_path, monkeypatch):
+    from boltzmann import runtime
+
+    # keep this session's XLA cache settings (conftest) as they are
+    monkeypatch.setattr(jax.config, "update", lambda *a, **k: None)
+    monkeypatch.setattr(runtime, "_configured_root", None)
+    settings = runtime.Settings(cache_root=tmp_path / "root")
+    try:
+        runtime.configure(settings)
+        assert persisted.program_store() == tmp_path / "root" / runtime.EXPORTED_DIR
+        PersistedProgram(lambda a: a - 1.0, ("configured",))(jnp.ones(2))
+        assert len(_entries(persisted.program_store())) == 1
+        assert tmp_path / "root" / "exported" in runtime.clear_cache(settings)
+        assert not (tmp_path / "root" / "exported").exists()
+        runtime.configure(runtime.Settings(cache_root=None))
+        assert persisted.program_store() is None
+    finally:
+        set_program_store(None)
