@@ -17,9 +17,9 @@ step() {
     echo "=== $name rc=$? end $(date -u +%T)"
     tail -n 3 "$JOB/$name.txt"
 }
+step bench_cd 440 python scripts/bench_gpu.py --parts cd --backends cuda --budget 400 --out "$JOB"
 step tests 420 python -m pytest -o addopts="" -m gpu -q -x -p no:cacheprovider \
     tests/test_cuda_warp.py tests/test_cuda_sensitivity.py
-step bench_cd 480 python scripts/bench_gpu.py --parts cd --backends cuda --budget 450 --out "$JOB"
 step first_run 300 python scripts/bench_first_run.py --backend cuda --out "$JOB/fr"
 step first_run_grad 480 python scripts/bench_first_run.py --backend cuda --gradients --out "$JOB/frg"
 step cl_grad 400 python scripts/bench_cl.py --backend cuda --gradients --out "$JOB/cl"
