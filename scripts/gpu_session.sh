@@ -17,7 +17,7 @@ step() {
     echo "=== $name rc=$? end $(date -u +%T)"
     tail -n 3 "$JOB/$name.txt"
 }
-step bench_cd 440 python scripts/bench_gpu.py --parts cd --backends cuda --budget 400 --out "$JOB"
+step bench_cd 520 python scripts/bench_gpu.py --parts cd --backends cuda --budget 480 --row-limit 420 --out "$JOB"
 step tests 420 python -m pytest -o addopts="" -m gpu -q -x -p no:cacheprovider \
     tests/test_cuda_warp.py tests/test_cuda_sensitivity.py
 step first_run 300 python scripts/bench_first_run.py --backend cuda --out "$JOB/fr"
