@@ -2,7 +2,7 @@
 
 Two persistent caches must not hand out a program built from other code: the CUDA backend's
 cubin cache (``backends.cuda.kernel_cache``) and the persisted traced JAX programs
-(``backends.jax.persisted``). Both key their entries by :func:`fingerprint` of the functions
+(``solver.persisted``). Both key their entries by :func:`fingerprint` of the functions
 compiled into them -- bytecode, constants, defaults, closure cells and the globals their code
 names, recursively -- which uses no ids and no file names, so a later process computes the same
 digest. Anything whose behaviour it cannot pin down raises :class:`Unfingerprintable`, and the
@@ -108,8 +108,6 @@ def fingerprint(obj, h, seen: dict) -> None:
         fingerprint(obj.py_func, h, seen)
     else:
         raise Unfingerprintable(f"{type(obj).__module__}.{type(obj).__qualname__}")
-
-
 
 
 def digest_of(*objs) -> str:

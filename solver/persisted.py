@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import jax
 import numpy as np
+
+from .files import atomic_write
 
 __all__ = ["PersistedProgram", "set_program_store", "program_store", "code_digest", "STATS",
            "SUFFIX"]
@@ -129,18 +129,8 @@ def _read_entry(path: Path):
 
 
 def _write_entry(path: Path, payload: bytes) -> None:
-    """Write atomically: a temporary file in the same folder, then ``os.replace``, so a
-    concurrent reader sees the old file, none, or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
-        os.chmod(tmp, 0o644)          # as readable as the XLA cache beside it (mkstemp: 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """The payload behind its magic line and checksum, written atomically."""
+    atomic_write(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
 
 
 class PersistedProgram:

@@ -20,11 +20,11 @@ import ctypes
 import hashlib
 import os
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 
+from ...files import atomic_write
 from .fingerprint import Unfingerprintable, device_code_digest
 from .toolchain import THREADS_PER_BLOCK
 
@@ -125,15 +125,6 @@ def cache_key(components: dict) -> str:
     return hashlib.sha256(json.dumps(components, sort_keys=True).encode()).hexdigest()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 class KernelCache:
     """Kernel images under ``root`` (created on first store). ``stats``: ``hits`` (images
     registered from the cache without compiling), ``misses``, ``stores`` and ``load_seconds``
@@ -173,8 +164,8 @@ class KernelCache:
                       created_at=datetime.datetime.now(datetime.timezone.utc).isoformat())
         try:
             cubin.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(cubin, bytes(image))
-            _atomic_write(js, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+            atomic_write(cubin, bytes(image))
+            atomic_write(js, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
         except OSError as exc:
             warnings.warn(f"could not write the kernel cache entry {js}: {exc}", RuntimeWarning,
                           stacklevel=2)

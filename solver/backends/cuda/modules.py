@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
 import tempfile
 from pathlib import Path
 
+from ...files import atomic_write
 from .toolchain import cuda_modules
 
 __all__ = ["scratch_dir", "load_module", "device_functions", "bind_gpu"]
@@ -34,9 +34,7 @@ def load_module(source: str, stem: str, tag: str, owner: int, directory: Path | 
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"{stem}_{digest}.py"
     if not path.exists() or path.read_text() != source:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(source)
-        os.replace(tmp, path)
+        atomic_write(path, source.encode())
     name = f"_{stem}_{tag}_{digest}_{owner}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
