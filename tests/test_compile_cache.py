@@ -70,9 +70,13 @@ def test_concurrent_writers_both_finish_and_agree(cold_and_warm):
 
 
 def test_second_process_loads_everything_and_agrees(cold_and_warm):
-    _, cache, (c_cold, pk_cold, err_cold), (c_warm, pk_warm, err_warm), _ = cold_and_warm
-    # (the twin wrote at the same time, so the first process may load a few of its programs)
-    assert c_cold["xla_programs_compiled"] > 10 and c_cold["cache_dir"] == str(cache)
+    _, cache, (c_cold, pk_cold, err_cold), (c_warm, pk_warm, err_warm), (c_twin, _, _) = \
+        cold_and_warm
+    # the twin wrote at the same time: on a loaded machine one of the pair may load most of the
+    # other's programs (39 compiled alone, 10 seen beside a busy test worker), so the pair
+    # together filled the empty cache
+    assert c_cold["xla_programs_compiled"] > 0 and c_cold["cache_dir"] == str(cache)
+    assert c_cold["xla_programs_compiled"] + c_twin["xla_programs_compiled"] > 10
     assert c_warm["xla_programs_compiled"] == 0, c_warm
     assert c_warm["xla_programs_loaded"] >= c_cold["xla_programs_compiled"]
     assert _numbers(pk_warm) == _numbers(pk_cold)
