@@ -1,7 +1,8 @@
 #!/bin/bash
-# One device window's GPU work, detached: the -m gpu tests of the warp kernels, then the
-# benchmarks whose rows docs/benchmarks.md records (bench_gpu parts c and d, time to first
-# result with and without --gradients, the C_l Jacobian). Each step's output goes to
+# One device window's GPU work, detached, most wanted first: bench_gpu parts c and d (one P(k),
+# the Jacobian ratio, the batched value-and-Jacobian of GRAD_BATCH cosmologies), time to first
+# result with --gradients, the -m gpu tests of the warp kernels, time to first result without,
+# the C_l Jacobian. Each step's output goes to
 # $JOB/<step>.txt and its exit status to $JOB/log. Start it from the repo root on the GPU
 # machine, after '. /opt/dev-site/env.sh':  setsid bash scripts/gpu_session.sh &
 cd "$(dirname "$0")/.." || exit 1
@@ -17,10 +18,11 @@ step() {
     echo "=== $name rc=$? end $(date -u +%T)"
     tail -n 3 "$JOB/$name.txt"
 }
-step bench_cd 520 python scripts/bench_gpu.py --parts cd --backends cuda --budget 480 --row-limit 420 --out "$JOB"
-step tests 420 python -m pytest -o addopts="" -m gpu -q -x -p no:cacheprovider \
+step bench_cd 600 python scripts/bench_gpu.py --parts cd --backends cuda --budget 560 --row-limit 500 \
+    --grad-batch "${GRAD_BATCH:-64}" --out "$JOB"
+step first_run_grad 480 python scripts/bench_first_run.py --backend cuda --gradients --out "$JOB/frg"
+step tests 300 python -m pytest -o addopts="" -m gpu -q -x -p no:cacheprovider \
     tests/test_cuda_warp.py tests/test_cuda_sensitivity.py
 step first_run 300 python scripts/bench_first_run.py --backend cuda --out "$JOB/fr"
-step first_run_grad 480 python scripts/bench_first_run.py --backend cuda --gradients --out "$JOB/frg"
 step cl_grad 400 python scripts/bench_cl.py --backend cuda --gradients --out "$JOB/cl"
 echo "=== ALL DONE $(date -u +%T)"
