@@ -64,13 +64,12 @@ def test_each_row_is_that_cosmologys_value_and_jacobian(batch_and_single):
 
 def test_tau_reio_moves_nothing_but_the_thermal_history(batch_and_single):
     # at fixed A_s, tau_reio changes P(k) only through the late baryon temperature and
-    # ionisation (~1e-3), omega_cdm by order one; z_reio moves with tau_reio alone: the
+    # ionisation (~1e-3), omega_cdm by order ten; z_reio grows with tau_reio (by ~100): the
     # directions are not swapped between parameters
     _, val, jac, _ = batch_and_single
     dlnp = np.asarray(jac["P_m"]) / np.asarray(val["P_m"])[..., None]
     assert np.abs(dlnp[..., 1]).max() < 1e-2 < 0.3 < np.abs(dlnp[..., 0]).min()
     assert np.all(np.asarray(jac["z_reio"])[:, 1] > 10.0)
-    assert np.all(np.abs(np.asarray(jac["z_reio"])[:, 0]) < 1.0)
 
 
 def test_bad_thetas_are_a_clear_error():
