@@ -67,7 +67,7 @@ from .perturbations import (MAX_STEPS, N_CHUNKS_JAX, mode_inputs, observables, s
                             solve_modes_with_tangents, transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
-from .tables import DERIVED, tables_one
+from .tables import DERIVED, host_cpu, tables_one
 from .thermodynamics import compute_thermodynamics
 from .theta import PARAMETERS, ParameterMap, available_parameters
 from .theta import one as _one
@@ -168,6 +168,13 @@ class PowerSpectrumFunction:
         self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]
         self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
+        # the same value as two programs, θ → inputs (placed on the host CPU) and inputs → outputs
+        self._jit_stage_inputs = jax.jit(self._stage_inputs)
+        self._jit_solve_outputs = jax.jit(self._solve_and_outputs)
+        #: compute θ → (tables, rows, initial states) and their tangents on the host CPU when the
+        #: default device is an accelerator: the tables' 4000-node sequential scan runs at
+        #: kernel-launch latency on a GPU (boltzmann.tables.HOST_TABLES_MAX); None: the default
+        self.inputs_on_host = host_cpu() is not None
         self._jit_background = jax.jit(self._background_at)
         # the Jacobian as three programs, chained by explicit tangents (``jacobian``)
         self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)
@@ -229,6 +236,19 @@ class PowerSpectrumFunction:
     def _evaluate(self, theta):
         table, rows, y0, thermo = self._stage_inputs(theta)
         return self._stage_outputs(theta, self._stage_solve(table, rows, y0), rows, table, thermo)
+
+    def _solve_and_outputs(self, theta, table, rows, y0, thermo):
+        return self._stage_outputs(theta, self._stage_solve(table, rows, y0), rows, table, thermo)
+
+    def _host_inputs(self, program, theta):
+        """``program(theta)`` on the host CPU, its result moved to the default device; or run
+        where it is when the inputs are not placed on the host (``inputs_on_host``)."""
+        cpu = host_cpu()
+        if not self.inputs_on_host or cpu is None:
+            return jax.block_until_ready(program(theta))
+        with jax.default_device(cpu):
+            out = program(jax.device_put(theta, cpu))
+        return jax.device_put(out, jax.devices()[0])
 
     # the Jacobian by the chain rule over the stages, one compiled program each
     def _inputs_and_tangents(self, theta):
@@ -319,8 +339,14 @@ class PowerSpectrumFunction:
                     observables=self._observables)
 
     def __call__(self, theta=None) -> dict:
-        """Outputs at θ (default: the fiducial); NaN where a mode failed (see ``check``)."""
-        return self._jit_value(self.theta0 if theta is None else jnp.asarray(theta, jnp.float64))
+        """Outputs at θ (default: the fiducial); NaN where a mode failed. Traceable (jit, jvp,
+        jacfwd, vmap: one program); a concrete θ on an accelerator runs the inputs stage on the
+        host CPU (``inputs_on_host``) and the solve and outputs on the device."""
+        theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
+        if isinstance(theta, jax.core.Tracer) or not (self.inputs_on_host and host_cpu()):
+            return self._jit_value(theta)
+        table, rows, y0, thermo = self._host_inputs(self._jit_stage_inputs, theta)
+        return self._jit_solve_outputs(theta, table, rows, y0, thermo)
 
     def jacobian(self, theta=None) -> tuple[dict, dict]:
         """(values, jac): jac[name] has the output's shape + (len(θ),).
@@ -336,7 +362,7 @@ class PowerSpectrumFunction:
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         t0 = time.perf_counter()
         (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = jax.block_until_ready(
-            self._jit_inputs_jvp(theta))
+            self._host_inputs(self._jit_inputs_jvp, theta))
         t1 = time.perf_counter()
         ys, dys = jax.block_until_ready(self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0))
         t2 = time.perf_counter()

@@ -661,6 +661,9 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
         j_first = time.perf_counter() - t
         j_warm, _, (val, jc) = _warm_calls(jac, j_first, min_total=1.0, max_repeats=3)
         finite = bool(np.all(np.isfinite(np.asarray(jc["P_m"]))))
+        row["jacobian_stage_s"] = dict(fn.last_stage_seconds)
+        if getattr(fn, "inputs_on_host", False) and not budget.refuse(150.0 + 4 * j_warm):
+            row.update(_device_inputs_side_by_side(fn, value, jac))
         row.update(status="ok", value_first_s=v_first, value_warm_s=v_warm,
                    jacobian_first_s=j_first, jacobian_warm_s=j_warm,
                    ratio=j_warm / v_warm, jacobian_finite=finite)
@@ -671,12 +674,33 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
             row.update(_batch_row(fn, batch, np.asarray(jc["P_m"])))
         row["note"] = "; ".join(
             ([] if finite else ["non-finite Jacobian entries (a mode failed)"])
-            + ([launches["text"]] if launches else []))
+            + ([launches["text"]] if launches else [])
+            + ["Jacobian stages " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                              row["jacobian_stage_s"].items()) + " s"]
+            + ([f"inputs on the GPU instead: value {row['device_inputs_value_warm_s']:.3f} s, "
+                f"Jacobian {row['device_inputs_jacobian_warm_s']:.3f} s"]
+               if "device_inputs_value_warm_s" in row else []))
         return np.asarray(jc["P_m"]) / np.asarray(val["P_m"])[..., None]
     except Exception as exc:
         row.update(status="error", note=_unavailable_reason(exc),
                    traceback=traceback.format_exc())
         return None
+
+
+def _device_inputs_side_by_side(fn, value, jac) -> dict:
+    """The same value and Jacobian with the inputs stage (tables, rows, initial states and their
+    tangents) on the GPU instead of the host CPU (``PowerSpectrumFunction.inputs_on_host``):
+    warm times after one compiling call each."""
+    fn.inputs_on_host = False
+    try:
+        value()
+        v_warm, _, _ = _warm_calls(value, 1.0, min_total=1.0, max_repeats=3)
+        jac()
+        j_warm, _, _ = _warm_calls(jac, 1.0, min_total=1.0, max_repeats=3)
+        return {"device_inputs_value_warm_s": v_warm, "device_inputs_jacobian_warm_s": j_warm,
+                "device_inputs_jacobian_stage_s": dict(fn.last_stage_seconds)}
+    finally:
+        fn.inputs_on_host = True
 
 
 def _batch_row(fn, batch, jac_p_m) -> dict:

@@ -18,7 +18,7 @@ step() {
     echo "=== $name rc=$? end $(date -u +%T)"
     tail -n 3 "$JOB/$name.txt"
 }
-step bench_cd 600 python scripts/bench_gpu.py --parts cd --backends cuda --budget 560 --row-limit 500 \
+step bench_cd 600 python scripts/bench_gpu.py --parts "${PARTS:-cd}" --backends cuda --budget 560 --row-limit 500 \
     --grad-batch "${GRAD_BATCH:-64}" --out "$JOB"
 step first_run_grad 480 python scripts/bench_first_run.py --backend cuda --gradients --out "$JOB/frg"
 step tests 300 python -m pytest -o addopts="" -m gpu -q -x -p no:cacheprovider \
