@@ -24,11 +24,13 @@ from .derived import result_derived
 from .ensemble import Result, StructureMismatch, run_ensemble
 from .gradients import PARAMETERS
 from .gradients import PowerSpectrumFunction as PowerSpectrum
+from .gradients_batch import PowerSpectrumBatch
 from .params import Config, ConfigError, CosmoParams, load_config
 from .pipeline import run
 from .runtime import use_float64
 
 __all__ = ["load_config", "compute", "compute_many", "power_spectrum", "PowerSpectrum",
+           "PowerSpectrumBatch",
            "derived_parameters", "distances", "PARAMETERS", "Result", "Config", "CosmoParams",
            "ConfigError", "StructureMismatch"]
 
