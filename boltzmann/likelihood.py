@@ -19,7 +19,10 @@ can be jitted, used inside ``lax.while_loop`` (numpyro), and differentiated:
 
 A value request followed by a gradient request at the same θ solves once (the cache stores the
 Jacobian with the value).  No second derivatives (J is treated as a constant of θ̇'s transpose,
-and its own derivative is not defined).  ``vmap`` of the callback runs θ's sequentially.
+and its own derivative is not defined).  ``vmap`` of the callback (numpyro's vectorised chains,
+an ensemble of walkers) hands the host ONE batch of θ's when the CachedJacobian has a batched
+host function (``batched=``: ``PowerSpectrumModel.many``, one joint solve for all of them via
+``boltzmann.gradients_batch``); without one the θ's are solved one after another.
 
 ``PowerSpectrumModel(config, parameters, k)`` is the host function for P_m(k, z) (one compiled
 ``PowerSpectrumFunction`` Jacobian program; A_s and n_s analytic) and ``.callback()`` the JAX
@@ -52,8 +55,12 @@ class CachedJacobian:
     """
 
     def __init__(self, value_and_jacobian: Callable, out_shape, n_theta: int,
-                 cache_size: int = 16):
+                 cache_size: int = 16, batched: Callable | None = None):
         self._fun = value_and_jacobian
+        #: optional thetas (B, n_theta) ↦ (ys (B, *out_shape), jacs (B, *out_shape, n_theta)):
+        #: what ``many`` calls for the θ's it does not hold
+        self.batched = batched
+        self.n_batched_calls = 0
         self.out_shape = tuple(int(s) for s in out_shape)
         self.n_theta = int(n_theta)
         self.cache_size = int(cache_size)
@@ -86,6 +93,35 @@ class CachedJacobian:
             self._cache.popitem(last=False)
         return y, jac
 
+    def many(self, thetas):
+        """(ys (B, *out_shape), jacs (B, *out_shape, n_theta)) for thetas (B, n_theta): cached
+        rows from the cache, the others in one ``batched`` call (or one by one without it)."""
+        thetas = np.ascontiguousarray(np.asarray(thetas, np.float64))
+        if thetas.ndim != 2 or thetas.shape[1] != self.n_theta:
+            raise ValueError(f"likelihood: θ's must have shape (B, {self.n_theta}), got "
+                             f"{thetas.shape}")
+        keys = [t.tobytes() for t in thetas]
+        missing = [i for i, key in enumerate(keys) if key not in self._cache]
+        # a θ repeated in the batch is solved once
+        first = list({keys[i]: i for i in reversed(missing)}.values())
+        if first and self.batched is not None and len(first) > 1:
+            t0 = time.perf_counter()
+            ys, jacs = self.batched(thetas[first])
+            ys = np.asarray(ys, np.float64).reshape((len(first),) + self.out_shape)
+            jacs = np.asarray(jacs, np.float64).reshape(
+                (len(first),) + self.out_shape + (self.n_theta,))
+            dt = time.perf_counter() - t0
+            self.n_solves += len(first)
+            self.n_batched_calls += 1
+            self.seconds += dt
+            self.log.append((t0, dt))
+            for j, i in enumerate(first):
+                self._cache[keys[i]] = (ys[j], jacs[j])
+            while len(self._cache) > max(self.cache_size, len(first)):
+                self._cache.popitem(last=False)
+        rows = [self(t) for t in thetas]       # hits now, or single solves without ``batched``
+        return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
     def stats(self, since: float | None = None) -> dict:
         """Solves, cache hits, solve seconds (only solves started after ``since`` if given)."""
         log = self.log if since is None else [e for e in self.log if e[0] >= since]
@@ -103,22 +139,30 @@ def callback_function(cached: CachedJacobian) -> Callable:
     # callback therefore restores the default-device setting that was current here.
     device = jax.config.jax_default_device
 
-    def _value(theta):
-        with jax.default_device(device):
-            return cached(theta)[0]
-
     def _both(theta):
+        theta = np.asarray(theta, np.float64)
         with jax.default_device(device):
-            return cached(theta)
+            if theta.ndim == 1:
+                return cached(theta)
+            # under vmap ("expand_dims"): leading batch axes, one host call for all of them
+            lead = theta.shape[:-1]
+            ys, jacs = cached.many(theta.reshape(-1, theta.shape[-1]))
+            return ys.reshape(lead + ys.shape[1:]), jacs.reshape(lead + jacs.shape[1:])
+
+    def _value(theta):
+        return _both(theta)[0]
+
+    # a batched host function gets vmapped θ's in one call; otherwise one call per θ
+    vmap_method = "expand_dims" if cached.batched is not None else "sequential"
 
     @jax.custom_jvp
     def f(theta):
-        return jax.pure_callback(_value, y_spec, theta, vmap_method="sequential")
+        return jax.pure_callback(_value, y_spec, theta, vmap_method=vmap_method)
 
     @f.defjvp
     def f_jvp(primals, tangents):
         (theta,), (dtheta,) = primals, tangents
-        y, jac = jax.pure_callback(_both, (y_spec, j_spec), theta, vmap_method="sequential")
+        y, jac = jax.pure_callback(_both, (y_spec, j_spec), theta, vmap_method=vmap_method)
         return y, jnp.tensordot(jac, dtheta, axes=1)
 
     f_jit = jax.jit(f)
@@ -184,6 +228,7 @@ class PowerSpectrumModel:
         self.theta0 = np.array([fiducial[p] for p in self.parameters], np.float64)
         self._fid_s = fid_s
         self._base = None                   # P at the fiducial transfer (no solve parameters)
+        self._batch = None                  # PowerSpectrumBatch for ``many``, built on first use
 
     def __call__(self, theta):
         theta = np.asarray(theta, np.float64)
@@ -192,9 +237,34 @@ class PowerSpectrumModel:
             P = np.asarray(val["P_m"], np.float64)
             Js = np.asarray(jac["P_m"], np.float64)
         else:                               # the value program once, no Jacobian program
-            if self._base is None:
-                self._base = np.asarray(self.fn(self._fid_s)["P_m"], np.float64)
-            P = self._base
+            P, Js = self._fiducial_transfer(), None
+        return self._with_primordial(theta, P, Js)
+
+    def many(self, thetas):
+        """(P (B, n_z, n_k), J (B, n_z, n_k, n_θ)) for thetas (B, n_θ): the solve parameters of
+        all B in ONE joint solve (``boltzmann.gradients_batch.PowerSpectrumBatch``), the
+        primordial ones analytic per row."""
+        thetas = np.asarray(thetas, np.float64)
+        if self.solve_parameters:
+            if self._batch is None:
+                from .gradients_batch import PowerSpectrumBatch
+                self._batch = PowerSpectrumBatch(self.fn)
+            val, jac = self._batch.value_and_jacobian(thetas[:, self._solve_idx])
+            Ps, Jss = np.asarray(val["P_m"], np.float64), np.asarray(jac["P_m"], np.float64)
+            rows = [self._with_primordial(t, P, Js) for t, P, Js in zip(thetas, Ps, Jss)]
+        else:
+            base = self._fiducial_transfer()
+            rows = [self._with_primordial(t, base, None) for t in thetas]
+        return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+    def _fiducial_transfer(self):
+        if self._base is None:
+            self._base = np.asarray(self.fn(self._fid_s)["P_m"], np.float64)
+        return self._base
+
+    def _with_primordial(self, theta, P, Js):
+        """(P, J) at θ from the solve's P and ∂P/∂θ_s (None without solve parameters), with
+        A_s and n_s applied analytically."""
         amp = np.ones(())
         tilt = np.ones(self.k.size)
         for i, name in enumerate(self.parameters):
@@ -218,9 +288,12 @@ class PowerSpectrumModel:
                 J[..., i] = P * self._lnk
         return P, J
 
-    def callback(self, cache_size: int = 16):
-        """(θ ↦ P_m as a differentiable JAX function via ``pure_callback``, its CachedJacobian)."""
-        cached = CachedJacobian(self, self.out_shape, len(self.parameters), cache_size)
+    def callback(self, cache_size: int = 16, batched: bool = True):
+        """(θ ↦ P_m as a differentiable JAX function via ``pure_callback``, its CachedJacobian);
+        ``batched``: a ``jax.vmap`` of it (vectorised chains, walkers) solves its θ's in one
+        joint solve (``many``)."""
+        cached = CachedJacobian(self, self.out_shape, len(self.parameters), cache_size,
+                                batched=self.many if batched else None)
         return callback_function(cached), cached
 
 
