@@ -42,8 +42,6 @@ import jax.numpy as jnp
 from astropy import constants as _c
 from astropy import units as _u
 
-from .small_linalg import lu_factor_small, lu_solve_small, solve_small
-
 # --------------------------------------------------------------------------- fundamental (astropy)
 C_SI = float(_c.c.to_value(_u.m / _u.s))
 H_PLANCK_SI = float(_c.h.to_value(_u.J * _u.s))
@@ -387,8 +385,7 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6):
     quasi-equilibrium instead of oscillating), third order, and stiffly accurate (the new state is
     the last stage, whose derivative is the collocation derivative, so the tabulated d/dlna is
     consistent).  The iteration matrix I - h (A x J) uses the Jacobian at the step's end point
-    predicted by a backward-Euler step, factorised once per step (``boltzmann.small_linalg``:
-    straight-line LU, no LAPACK call per system inside the scan); a fixed iteration count keeps
+    predicted by a backward-Euler step, factorised once per step; a fixed iteration count keeps
     the step a plain differentiable JAX function (forward and reverse mode).
     """
     n = y.shape[0]
@@ -398,10 +395,10 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6):
 
     # backward-Euler predictor (one Newton iteration from y) gives the Jacobian point and start
     J0 = jax.jacfwd(lambda u: rhs(t + h, u))(y)
-    y_be = y + solve_small(eye - h * J0, h * rhs(t + h, y))
+    y_be = y + jnp.linalg.solve(eye - h * J0, h * rhs(t + h, y))
     J = jax.jacfwd(lambda u: rhs(t + h, u))(y_be)
     M = jnp.eye(2 * n) - h * jnp.kron(A, J)
-    lu = lu_factor_small(M)
+    lu = jax.scipy.linalg.lu_factor(M)
 
     def residual(zflat):
         Z = zflat.reshape(2, n)
@@ -411,7 +408,7 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6):
     z0 = jnp.concatenate([c[0] * (y_be - y), c[1] * (y_be - y)])
 
     def body(_, z):
-        return z - lu_solve_small(lu, residual(z))
+        return z - jax.scipy.linalg.lu_solve(lu, residual(z))
 
     z = jax.lax.fori_loop(0, newton_iterations, body, z0)
     return y + z.reshape(2, n)[1]
