@@ -42,6 +42,8 @@ import jax.numpy as jnp
 from astropy import constants as _c
 from astropy import units as _u
 
+from .small_linalg import lu_factor_small, lu_solve_small, solve_small
+
 # --------------------------------------------------------------------------- fundamental (astropy)
 C_SI = float(_c.c.to_value(_u.m / _u.s))
 H_PLANCK_SI = float(_c.h.to_value(_u.J * _u.s))
@@ -376,7 +378,8 @@ RADAU_C = (1.0 / 3.0, 1.0)
 RADAU_A = ((5.0 / 12.0, -1.0 / 12.0), (3.0 / 4.0, 1.0 / 4.0))
 
 
-def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6):
+def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6, unrolled: bool = False,
+               inline_solves: bool = False):
     """One 2-stage Radau IIA step of y' = rhs(t, y), solved by simplified Newton iterations.
 
     Why this method: the rate equations are stiff (the Compton and photoionisation rates exceed
@@ -387,6 +390,13 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6):
     consistent).  The iteration matrix I - h (A x J) uses the Jacobian at the step's end point
     predicted by a backward-Euler step, factorised once per step; a fixed iteration count keeps
     the step a plain differentiable JAX function (forward and reverse mode).
+
+    ``unrolled`` writes the Newton iterations out instead of a ``fori_loop``: the same arithmetic,
+    but no loop of its own inside the caller's scan — on a GPU every iteration of an XLA while
+    loop is a round trip to the host for its predicate; on the CPU the loop is cheaper to compile.
+    ``inline_solves`` factorises and solves the 3×3 and 6×6 systems with straight-line array code
+    (``boltzmann.small_linalg``) instead of a LAPACK / cuSOLVER call per system: on a GPU each
+    such call is its own kernel launch, and the straight-line form fuses with the rhs around it.
     """
     n = y.shape[0]
     A = jnp.asarray(RADAU_A)
@@ -395,10 +405,13 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6):
 
     # backward-Euler predictor (one Newton iteration from y) gives the Jacobian point and start
     J0 = jax.jacfwd(lambda u: rhs(t + h, u))(y)
-    y_be = y + jnp.linalg.solve(eye - h * J0, h * rhs(t + h, y))
+    solve = solve_small if inline_solves else jnp.linalg.solve
+    factor = lu_factor_small if inline_solves else jax.scipy.linalg.lu_factor
+    back = lu_solve_small if inline_solves else jax.scipy.linalg.lu_solve
+    y_be = y + solve(eye - h * J0, h * rhs(t + h, y))
     J = jax.jacfwd(lambda u: rhs(t + h, u))(y_be)
     M = jnp.eye(2 * n) - h * jnp.kron(A, J)
-    lu = jax.scipy.linalg.lu_factor(M)
+    lu = factor(M)
 
     def residual(zflat):
         Z = zflat.reshape(2, n)
@@ -408,7 +421,12 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6):
     z0 = jnp.concatenate([c[0] * (y_be - y), c[1] * (y_be - y)])
 
     def body(_, z):
-        return z - jax.scipy.linalg.lu_solve(lu, residual(z))
+        return z - back(lu, residual(z))
 
-    z = jax.lax.fori_loop(0, newton_iterations, body, z0)
+    if unrolled:
+        z = z0
+        for i in range(newton_iterations):
+            z = body(i, z)
+    else:
+        z = jax.lax.fori_loop(0, newton_iterations, body, z0)
     return y + z.reshape(2, n)[1]

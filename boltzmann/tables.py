@@ -22,10 +22,10 @@ from solver.persisted import PersistedProgram
 
 from . import background as bg
 from .modes import Grid
-from .thermodynamics import compute_thermodynamics
+from .thermodynamics import LoopShape, compute_thermodynamics
 
 __all__ = ["Tables", "compute_tables", "model_table", "tables_one", "host_cpu", "DERIVED",
-           "TABLE_CHUNK", "HOST_TABLES_MAX"]
+           "TABLE_CHUNK", "HOST_TABLES_MAX", "ACCELERATOR_LOOPS"]
 
 #: thermodynamic numbers reported with the tables (CLASS's definitions, boltzmann.thermodynamics)
 DERIVED = ("z_reio", "z_rec", "z_star", "z_drag")
@@ -37,6 +37,11 @@ TABLE_CHUNK = 128
 #: an accelerator: the 4000-node sequential scan runs at kernel-launch latency on a GPU, slower
 #: than a CPU core for a handful of cosmologies (docs/benchmarks.md)
 HOST_TABLES_MAX = 16
+
+#: the loop shape of tables computed on an accelerator: the scans' iterations run at
+#: kernel-launch latency there, so the Newton iterations are written out and several nodes share
+#: an iteration (scripts/bench_tables.py, docs/benchmarks.md)
+ACCELERATOR_LOOPS = LoopShape(newton_unrolled=True, scan_unroll=4)
 
 _PROGRAMS = Cache("boltzmann.tables", maxsize=16)
 
@@ -94,36 +99,38 @@ def model_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
                       (cols[name] for name in model.table_columns)])
 
 
-def tables_one(cosmo, grid: Grid, model):
-    """(model table (n_columns, 2, n_grid), {DERIVED name: scalar}) of one cosmology; traceable."""
-    thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes)
+def tables_one(cosmo, grid: Grid, model, loops: LoopShape | None = None):
+    """(model table (n_columns, 2, n_grid), {DERIVED name: scalar}) of one cosmology; traceable.
+    ``loops``: the thermodynamics' loop shape (``boltzmann.thermodynamics.LoopShape``)."""
+    thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes, loops=loops)
     return model_table(cosmo, thermo, grid, model), {n: getattr(thermo, n) for n in DERIVED}
 
 
-def _program(grid: Grid, model, batched: bool):
+def _program(grid: Grid, model, batched: bool, loops: LoopShape | None = None):
     """jit(vmap(tables_one)) (``batched``) or jit(tables_one) for one grid and model, compiled
     once (its traced form persisted when a program store is set). One cosmology runs unbatched:
     XLA fuses the vmapped scan differently, which moves the tables by ~1e-10, and a lone
     cosmology should not pay for batching."""
     def build():
-        one = lambda c: tables_one(c, grid, model)  # noqa: E731
+        one = lambda c: tables_one(c, grid, model, loops)  # noqa: E731
         # persisted (solver.persisted): later processes skip its ~1 s trace. The model's
         # generated source is all of it the program depends on besides the grid and columns
         parts = ("boltzmann.tables", repr(grid), tuple(model.table_columns),
-                 hashlib.sha256(model.source.encode()).hexdigest(), bool(batched))
+                 hashlib.sha256(model.source.encode()).hexdigest(), bool(batched), repr(loops))
         return model, PersistedProgram(jax.vmap(one) if batched else one, parts,
                                        name="boltzmann.tables")
-    return _PROGRAMS.get_or_build((grid, id(model), batched), build)[1]
+    return _PROGRAMS.get_or_build((grid, id(model), batched, loops), build)[1]
 
 
-def _in_pieces(grid: Grid, model, cosmos, C: int, chunk: int):
+def _in_pieces(grid: Grid, model, cosmos, C: int, chunk: int, loops: LoopShape | None):
     """The tables of C cosmologies: unbatched for one, else in pieces of at most ``chunk``; the
     last piece is padded by repeating the last cosmology, so every piece reuses one compiled
     program."""
     if C == 1:
-        tab, derived = _program(grid, model, False)(jax.tree_util.tree_map(lambda x: x[0], cosmos))
+        tab, derived = _program(grid, model, False, loops)(
+            jax.tree_util.tree_map(lambda x: x[0], cosmos))
         return tab[None], {name: v[None] for name, v in derived.items()}
-    program = _program(grid, model, True)
+    program = _program(grid, model, True, loops)
     if C <= chunk:
         return program(cosmos)
     tabs, ders = [], []
@@ -140,11 +147,13 @@ def _in_pieces(grid: Grid, model, cosmos, C: int, chunk: int):
 
 
 def compute_tables(cosmos, grid: Grid, model, *, on_host: bool | None = None,
-                   chunk: int = TABLE_CHUNK) -> Tables:
+                   chunk: int = TABLE_CHUNK, loops: LoopShape | None = None) -> Tables:
     """Tables of C cosmologies (a CosmoParams with a leading axis of C on every leaf).
 
     on_host: compute on the host CPU and copy the result to the default device (default: when an
     accelerator is the default device and C <= HOST_TABLES_MAX).
+    loops: the thermodynamics' loop shape (default: ``ACCELERATOR_LOOPS`` where the tables run on
+    an accelerator, the rolled loops on a CPU).
     """
     C = int(np.shape(cosmos.h)[0])
     cpu = host_cpu()
@@ -152,11 +161,13 @@ def compute_tables(cosmos, grid: Grid, model, *, on_host: bool | None = None,
         on_host = C <= HOST_TABLES_MAX
     if on_host and cpu is not None:
         with jax.default_device(cpu):
-            tab, derived = jax.device_get(_in_pieces(grid, model, cosmos, C, chunk))
+            tab, derived = jax.device_get(_in_pieces(grid, model, cosmos, C, chunk, loops))
         device = "cpu"
     else:
-        tab, derived = _in_pieces(grid, model, cosmos, C, chunk)
-        tab = tab.block_until_ready()
         device = jax.default_backend()
+        if loops is None and device != "cpu":
+            loops = ACCELERATOR_LOOPS
+        tab, derived = _in_pieces(grid, model, cosmos, C, chunk, loops)
+        tab = tab.block_until_ready()
     return Tables(grid=grid, model_table=jnp.asarray(tab),
                   derived={n: np.asarray(derived[n]) for n in DERIVED}, device=device)

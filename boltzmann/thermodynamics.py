@@ -24,6 +24,7 @@ difference of the table.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import jax
@@ -86,6 +87,29 @@ def _integral_to_end(h, q, dq):
     return jnp.concatenate([tail, jnp.zeros(1, q.dtype)])
 
 
+@dataclass(frozen=True)
+class LoopShape:
+    """How the sequential node-to-node loops (passes A and B) are written — not what they compute.
+
+    newton_unrolled: the Radau step's Newton iterations written out rather than a nested loop
+        (``recombination.radau_step``'s ``unrolled``);
+    scan_unroll: nodes per iteration of each pass's ``lax.scan`` (XLA's ``unroll``);
+    inline_solves: the Radau step's small linear systems in straight-line code rather than a
+        LAPACK / cuSOLVER call each (``recombination.radau_step``'s ``inline_solves``).
+    The arithmetic is the same; XLA may fuse it differently, which moves the tables at the level
+    of rounding. A GPU runs every loop iteration at kernel-launch latency, so fewer, longer
+    iterations pay there; on the CPU the rolled form compiles fastest (docs/thermodynamics.md).
+    """
+
+    newton_unrolled: bool = False
+    scan_unroll: int = 1
+    inline_solves: bool = False
+
+    def __post_init__(self):
+        if int(self.scan_unroll) < 1:
+            raise ValueError(f"LoopShape.scan_unroll={self.scan_unroll}: must be >= 1")
+
+
 def photon_density_parameter(T_cmb):
     """omega_gamma = Omega_gamma h^2 = a_R T_cmb^4 / (c^2 rho_crit,100)."""
     rho_crit100 = 3.0 * rec.H100_SI**2 / (8.0 * math.pi * rec.G_SI)
@@ -112,13 +136,16 @@ def thermodynamics_from_hubble(
     z_ode_start: float = 4000.0,
     z_late: float = 50.0,
     settings: rec.RecombinationSettings = rec.RecombinationSettings(),
+    loops: "LoopShape | None" = None,
 ) -> ThermoTable:
     """Compute the :class:`ThermoTable` for the expansion history ``hubble_of_a(a)`` [1/Mpc].
 
     ``lna_grid`` (a static numpy array, uniform, increasing) defaults to :func:`default_grid`.
     Parameters may be JAX tracers (jit/grad over omega_b, Y_He, T_cmb, tau_reio and anything
-    ``hubble_of_a`` closes over).
+    ``hubble_of_a`` closes over). ``loops`` shapes the node-to-node loops for the device they
+    run on (:class:`LoopShape`; default: rolled, the CPU's best).
     """
+    loops = LoopShape() if loops is None else loops
     lna_np = default_grid() if lna_grid is None else np.asarray(lna_grid, dtype=np.float64)
     steps = np.diff(lna_np)
     if lna_np.ndim != 1 or not np.allclose(steps, steps[0], rtol=1e-9, atol=0):
@@ -155,11 +182,13 @@ def thermodynamics_from_hubble(
         return rec.recombination_rhs(t, y, p, hubble_of_a, settings)
 
     def step_A(y, ts):
-        y1 = rec.radau_step(rhs_A, ts[0], y, ts[1] - ts[0])
+        y1 = rec.radau_step(rhs_A, ts[0], y, ts[1] - ts[0], unrolled=loops.newton_unrolled,
+                            inline_solves=loops.inline_solves)
         return y1, y1
 
     y_start = early_state(lna[i_ode])
-    _, ys_ode = jax.lax.scan(step_A, y_start, (lna[i_ode:-1], lna[i_ode + 1:]))
+    _, ys_ode = jax.lax.scan(step_A, y_start, (lna[i_ode:-1], lna[i_ode + 1:]),
+                             unroll=loops.scan_unroll)
     ys_early = jax.vmap(early_state)(lna[:i_ode])
     ys_A = jnp.concatenate([ys_early, y_start[None], ys_ode])
     dys_early = jax.vmap(lambda t: jax.jvp(early_state, (t,), (jnp.ones_like(t),))[1])(lna[:i_ode])
@@ -201,7 +230,8 @@ def thermodynamics_from_hubble(
         theta1 = (M[0, 0] * rhs[1] - M[1, 0] * rhs[0]) / det
         return theta1, theta1
 
-    _, th_late = jax.lax.scan(step_B, ys_A[i_late, 2], (lna[i_late:-1], lna[i_late + 1:]))
+    _, th_late = jax.lax.scan(step_B, ys_A[i_late, 2], (lna[i_late:-1], lna[i_late + 1:]),
+                              unroll=loops.scan_unroll)
     theta = jnp.concatenate([ys_A[: i_late + 1, 2], th_late])
 
     # ---- node values and their exact d/dlna

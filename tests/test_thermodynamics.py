@@ -212,3 +212,17 @@ def test_bad_inputs_raise():
                                           lna_grid=np.array([-10.0, -9.0, -7.5, 0.0]))
     with pytest.raises(ValueError, match="name"):
         thermo.ThermoTable(*([jnp.zeros(3)] * len(thermo.ThermoTable._fields))).interp("nope", 0.0)
+
+
+def test_loop_shapes_compute_the_same_table(cosmo, table):
+    # the accelerators' shape (Newton written out, three nodes per scan iteration, straight-line
+    # solves) is the same arithmetic as the rolled loops: equal up to rounding and fusion order
+    shape = thermo.LoopShape(newton_unrolled=True, scan_unroll=3, inline_solves=True)
+    other = jax.jit(lambda c: thermo.compute_thermodynamics(c, loops=shape))(cosmo)
+    for name in ("x_e", "T_b", "cs2", "visibility", "dvisibility", "kappa_dot"):
+        a, b = np.asarray(getattr(other, name)), np.asarray(getattr(table, name))
+        assert np.abs(a - b).max() <= 1e-10 * np.abs(b).max(), name
+    for name in ("z_reio", "z_rec", "z_star", "z_drag"):
+        assert float(getattr(other, name)) == pytest.approx(float(getattr(table, name)), rel=1e-12)
+    with pytest.raises(ValueError, match="scan_unroll"):
+        thermo.LoopShape(scan_unroll=0)
