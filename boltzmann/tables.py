@@ -30,18 +30,21 @@ __all__ = ["Tables", "compute_tables", "model_table", "tables_one", "host_cpu", 
 #: thermodynamic numbers reported with the tables (CLASS's definitions, boltzmann.thermodynamics)
 DERIVED = ("z_reio", "z_rec", "z_star", "z_drag")
 #: most cosmologies per compiled (vmapped) tables program; larger batches run in pieces of this
-#: size, all through one program (XLA's GPU compile of much larger vmapped tables stalls, and the
-#: sequential scan's time hardly depends on the batch)
-TABLE_CHUNK = 128
+#: size, all through one program (the sequential scan's time hardly depends on the batch: 256
+#: cosmologies in one piece take 362 ms on an H200, 128 take 350 ms; XLA's GPU compile of the
+#: rolled form vmapped over 1024 stalled)
+TABLE_CHUNK = 256
 #: up to this many cosmologies the tables are computed on the host CPU when the default device is
 #: an accelerator: the 4000-node sequential scan runs at kernel-launch latency on a GPU, slower
 #: than a CPU core for a handful of cosmologies (docs/benchmarks.md)
 HOST_TABLES_MAX = 16
 
-#: the loop shape of tables computed on an accelerator: the scans' iterations run at
-#: kernel-launch latency there, so the Newton iterations are written out and several nodes share
-#: an iteration (scripts/bench_tables.py, docs/benchmarks.md)
-ACCELERATOR_LOOPS = LoopShape(newton_unrolled=True, scan_unroll=4)
+#: the loop shape of tables computed on an accelerator, where every loop iteration and every
+#: LAPACK-like call is a kernel launch: the Newton iterations written out and the small systems
+#: solved in straight-line code (2.8× faster than the rolled LAPACK form for 128 cosmologies on
+#: an H200; four nodes per scan iteration gained 2 % more and compiled 2.6× longer:
+#: scripts/bench_tables.py, docs/benchmarks.md)
+ACCELERATOR_LOOPS = LoopShape(newton_unrolled=True, scan_unroll=1, inline_solves=True)
 
 _PROGRAMS = Cache("boltzmann.tables", maxsize=16)
 

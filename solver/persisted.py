@@ -77,18 +77,36 @@ def code_digest() -> str:
 
 
 def _platform(leaves) -> str:
-    """The platform the program will run on: that of committed array arguments, else the default
-    device's (``jax.default_device`` context included), else the default backend."""
+    """The platform the program will run on, in ``jax.export``'s names: that of committed array
+    arguments, else the default device's (``jax.default_device`` context included), else the
+    default backend."""
     platforms = {d.platform for x in leaves if isinstance(x, jax.Array)
                  and getattr(x, "committed", False) for d in x.devices()}
-    if len(platforms) == 1:
-        return platforms.pop()
     dev = jax.config.jax_default_device
-    if isinstance(dev, str):
-        return dev
-    if dev is not None and hasattr(dev, "platform"):
-        return dev.platform
-    return jax.default_backend()
+    if len(platforms) == 1:
+        name = platforms.pop()
+    elif isinstance(dev, str):
+        name = dev
+    elif dev is not None and hasattr(dev, "platform"):
+        name = dev.platform
+    else:
+        name = jax.default_backend()
+    return export_platform_name(name, _gpu_platform_version() if name == "gpu" else "")
+
+
+def export_platform_name(platform: str, platform_version: str = "") -> str:
+    """``jax.export``'s name of a device platform: devices call every GPU "gpu", while an exported
+    program names its target "cuda" or "rocm" and refuses to run on "gpu" under any other name."""
+    if platform != "gpu":
+        return platform
+    return "rocm" if "rocm" in platform_version.lower() else "cuda"
+
+
+def _gpu_platform_version() -> str:
+    try:
+        return str(jax.devices("gpu")[0].client.platform_version)
+    except (RuntimeError, AttributeError, IndexError):
+        return ""
 
 
 def _signature(leaves, treedef):

@@ -219,3 +219,12 @@ def test_configure_sets_the_store_and_clear_cache_removes_it(tmp_path, monkeypat
         assert persisted.program_store() is None
     finally:
         set_program_store(None)
+
+
+def test_export_platform_names():
+    # a GPU device says "gpu"; jax.export only runs a program exported for "cuda" / "rocm" there
+    from solver.persisted import export_platform_name
+    assert export_platform_name("gpu", "cuda 13.0 (driver 580)") == "cuda"
+    assert export_platform_name("gpu", "ROCm 6.2") == "rocm"
+    assert export_platform_name("gpu") == "cuda"
+    assert export_platform_name("cpu") == "cpu"
