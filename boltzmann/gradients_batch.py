@@ -31,7 +31,7 @@ from .params import ConfigError
 from .perturbations import (N_CHUNKS_JAX, mode_inputs, solve_modes, solve_modes_with_tangents,
                             transfers_of_states)
 from .spectra import power_spectra
-from .tables import ACCELERATOR_LOOPS, tables_one
+from .tables import tables_one
 
 __all__ = ["PowerSpectrumBatch"]
 
@@ -81,9 +81,7 @@ class PowerSpectrumBatch:
     def _inputs(self, thetas, lay):
         fn = self.fn
         cosmos = self._cosmologies(thetas)
-        # on an accelerator, the thermodynamics' loops in the shape that runs fast there
-        loops = ACCELERATOR_LOOPS if jax.default_backend() != "cpu" else None
-        table, thermo = jax.vmap(lambda c: tables_one(c, fn.grid, fn.model, loops))(cosmos)
+        table, thermo = jax.vmap(lambda c: tables_one(c, fn.grid, fn.model))(cosmos)
         rows, y0 = mode_inputs(table, cosmos, lay["k"], lay["x0"], fn.model, fn.grid)
         return table, rows, y0, thermo
 
