@@ -39,8 +39,12 @@ Two quadratures live here, for two jobs:
 """
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
+
+from models.hermite import hermite_interp
 
 from solver.caches import Cache
 
@@ -97,7 +101,9 @@ def fd_integrals(mass_ratio, nodes=None):
     mass_ratio : array_like
         ``M = a m / (k_B T_ncdm0)``, any shape, >= 0.
     nodes : (q, W) or None
-        Quadrature with ``q^2 f0`` folded into the weights; default :func:`background_quadrature`.
+        Quadrature with ``q^2 f0`` folded into the weights, summed directly; default: the
+        background rule (:func:`background_quadrature`) through its table in ln M
+        (:func:`background_integrals`).
 
     Returns
     -------
@@ -105,7 +111,14 @@ def fd_integrals(mass_ratio, nodes=None):
         ``I_rho = int q^2 eps f0 dq`` and ``I_p = int q^4 / (3 eps) f0 dq`` with
         ``eps = sqrt(q^2 + M^2)``.  Massless limit: ``I_rho = 3 I_p = 7 pi^4 / 120``.
     """
-    q, w = background_quadrature() if nodes is None else nodes
+    if nodes is None:
+        return background_integrals(mass_ratio)
+    return quadrature_integrals(mass_ratio, nodes)
+
+
+def quadrature_integrals(mass_ratio, nodes):
+    """``(I_rho, I_p)`` of :func:`fd_integrals` summed over the quadrature ``nodes`` = (q, W)."""
+    q, w = nodes
     q = jnp.asarray(q)
     w = jnp.asarray(w)
     m = jnp.asarray(mass_ratio)[..., None]
@@ -113,6 +126,56 @@ def fd_integrals(mass_ratio, nodes=None):
     i_rho = jnp.sum(w * eps, axis=-1)
     i_p = jnp.sum(w * q**2 / (3.0 * eps), axis=-1)
     return i_rho, i_p
+
+
+# ----------------------------------------------------------------------------- background table
+#: the logarithms of the background rule's integrals tabulated in u = ln M on [U_MIN, U_MAX] with
+#: step U_STEP (values and d/du at every node, interpolated by cubic Hermite cells; ln I is close
+#: to linear at both ends, so the cells are accurate to ~1e-13 relative everywhere);
+#: below U_MIN and above U_MAX their series in M^2 and 1/M are exact to < 1e-15
+_U_MIN, _U_MAX, _U_STEP = -9.0, 14.0, 1.0 / 512.0
+
+
+def _background_table():
+    q, w = background_quadrature()
+    u = _U_MIN + _U_STEP * np.arange(int(round((_U_MAX - _U_MIN) / _U_STEP)) + 1)
+    m = np.exp(u)[:, None]
+    eps = np.sqrt(q**2 + m**2)
+    rho = np.sum(w * eps, axis=-1)
+    p = np.sum(w * q**2 / (3.0 * eps), axis=-1)
+    dln_rho = np.sum(w * m**2 / eps, axis=-1) / rho                   # d ln I_rho / d ln M
+    dln_p = -np.sum(w * q**2 * m**2 / (3.0 * eps**3), axis=-1) / p    # d ln I_p / d ln M
+    moments = {"w/q": np.sum(w / q), "w": np.sum(w), "wq": np.sum(w * q), "wq2": np.sum(w * q**2),
+               "wq4": np.sum(w * q**4)}
+    return u, np.log(np.stack([rho, p])), np.stack([dln_rho, dln_p]), moments
+
+
+def background_integrals(mass_ratio):
+    """``(I_rho, I_p)`` of the background rule at ``M`` from its table in ln M.
+
+    Why a table: H(a) with massive neutrinos is evaluated at every node and stage time of the
+    background and thermodynamics stages; summing the 200-node rule there made those integrals
+    most of the tables stage's time. The table is built once from the same rule, so the result is
+    the rule's to ~1e-13 relative, and it is smooth in M (its derivative is that of the cubic
+    cells, for gradients in the neutrino mass).
+    """
+    u_nodes, vals, ders, mom = _RULES.get_or_build("background_table", _background_table)
+    m = jnp.asarray(mass_ratio, dtype=jnp.float64)
+    m_lo, m_hi = math.exp(_U_MIN), math.exp(_U_MAX)
+    small = m <= m_lo
+    large = m >= m_hi
+    m_mid = jnp.clip(m, m_lo, m_hi)           # every branch sees a finite, safe argument
+    u = jnp.log(m_mid)
+    table = [jnp.exp(hermite_interp(jnp.asarray(u_nodes), jnp.asarray(vals[j]),
+                                    jnp.asarray(ders[j]), u)) for j in range(2)]
+    m_s = jnp.where(small, m, m_lo)
+    m2 = m_s * m_s
+    series_small = (mom["wq"] + 0.5 * m2 * mom["w/q"], mom["wq"] / 3.0 - m2 * mom["w/q"] / 6.0)
+    m_l = jnp.where(large, m, m_hi)
+    series_large = (m_l * mom["w"] + 0.5 * mom["wq2"] / m_l,
+                    mom["wq2"] / (3.0 * m_l) - mom["wq4"] / (6.0 * m_l**3))
+    return tuple(jnp.where(small, s, jnp.where(large, lg, t))
+                 for s, lg, t in zip(series_small, series_large, table))
 
 
 def mass_ratio(a, m_ev, t_ncdm0_k):

@@ -379,8 +379,10 @@ RADAU_A = ((5.0 / 12.0, -1.0 / 12.0), (3.0 / 4.0, 1.0 / 4.0))
 
 
 def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6, unrolled: bool = False,
-               inline_solves: bool = False):
-    """One 2-stage Radau IIA step of y' = rhs(t, y), solved by simplified Newton iterations.
+               inline_solves: bool = False, stage_args: tuple = ((), ()),
+               return_stages: bool = False):
+    """One 2-stage Radau IIA step of y' = rhs(t, y, *stage_args[i]), solved by simplified Newton
+    iterations.
 
     Why this method: the rate equations are stiff (the Compton and photoionisation rates exceed
     H by up to ~1e8 before recombination), so an explicit method would need tiny steps; Radau IIA
@@ -391,31 +393,39 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6, unrolled: boo
     predicted by a backward-Euler step, factorised once per step; a fixed iteration count keeps
     the step a plain differentiable JAX function (forward and reverse mode).
 
+    ``stage_args[i]``: extra arguments of ``rhs`` at stage i's time t + c_i h (the end point is
+    stage 1, c_1 = 1) — what depends on time alone (the expansion rate), computed for every step
+    at once by the caller instead of inside the sequential loop, where XLA cannot hoist it.
     ``unrolled`` writes the Newton iterations out instead of a ``fori_loop``: the same arithmetic,
     but no loop of its own inside the caller's scan — on a GPU every iteration of an XLA while
     loop is a round trip to the host for its predicate; on the CPU the loop is cheaper to compile.
     ``inline_solves`` factorises and solves the 3×3 and 6×6 systems with straight-line array code
     (``boltzmann.small_linalg``) instead of a LAPACK / cuSOLVER call per system: on a GPU each
     such call is its own kernel launch, and the straight-line form fuses with the rhs around it.
+    ``return_stages``: also return the stage increments Z (2, n) (y_{n+1} = y + Z[1]), where the
+    linearised tangent of ``boltzmann.radau_path`` evaluates the step's Jacobians.
     """
     n = y.shape[0]
     A = jnp.asarray(RADAU_A)
     c = jnp.asarray(RADAU_C)
     eye = jnp.eye(n)
 
+    def rhs_end(u):
+        return rhs(t + h, u, *stage_args[1])
+
     # backward-Euler predictor (one Newton iteration from y) gives the Jacobian point and start
-    J0 = jax.jacfwd(lambda u: rhs(t + h, u))(y)
+    J0 = jax.jacfwd(rhs_end)(y)
     solve = solve_small if inline_solves else jnp.linalg.solve
     factor = lu_factor_small if inline_solves else jax.scipy.linalg.lu_factor
     back = lu_solve_small if inline_solves else jax.scipy.linalg.lu_solve
-    y_be = y + solve(eye - h * J0, h * rhs(t + h, y))
-    J = jax.jacfwd(lambda u: rhs(t + h, u))(y_be)
+    y_be = y + solve(eye - h * J0, h * rhs_end(y))
+    J = jax.jacfwd(rhs_end)(y_be)
     M = jnp.eye(2 * n) - h * jnp.kron(A, J)
     lu = factor(M)
 
     def residual(zflat):
         Z = zflat.reshape(2, n)
-        F = jnp.stack([rhs(t + c[i] * h, y + Z[i]) for i in range(2)])
+        F = jnp.stack([rhs(t + c[i] * h, y + Z[i], *stage_args[i]) for i in range(2)])
         return zflat - h * (A @ F).reshape(-1)
 
     z0 = jnp.concatenate([c[0] * (y_be - y), c[1] * (y_be - y)])
@@ -429,4 +439,5 @@ def radau_step(rhs: Callable, t, y, h, newton_iterations: int = 6, unrolled: boo
             z = body(i, z)
     else:
         z = jax.lax.fori_loop(0, newton_iterations, body, z0)
-    return y + z.reshape(2, n)[1]
+    z = z.reshape(2, n)
+    return (y + z[1], z) if return_stages else y + z[1]
