@@ -609,7 +609,8 @@ def run_grad(args, report, budget, cfg, dead):
                 with jax.default_device(host_cpu()):
                     dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec)
             else:
-                dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec)
+                dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec,
+                                         args.device_inputs)
             if not sec:
                 row["backend"] += " (SEC off)"
             report.row("grad", row, _grad_line(row))
@@ -638,7 +639,7 @@ def gradient_agreement(got, ref) -> np.ndarray:
     return np.abs(got - ref).max(axis=axes) / np.maximum(np.abs(ref).max(axis=axes), 1e-300)
 
 
-def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
+def _grad_row(row, backend, cfg, names, batch, budget, sec=True, device_inputs=False):
     """Fills ``row``; returns ∂ln P_m/∂θ at the fiducial (None if the row failed)."""
     from boltzmann.gradients import PowerSpectrumFunction
 
@@ -662,7 +663,8 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True):
         j_warm, _, (val, jc) = _warm_calls(jac, j_first, min_total=1.0, max_repeats=3)
         finite = bool(np.all(np.isfinite(np.asarray(jc["P_m"]))))
         row["jacobian_stage_s"] = dict(fn.last_stage_seconds)
-        if getattr(fn, "inputs_on_host", False) and not budget.refuse(150.0 + 4 * j_warm):
+        if (device_inputs and getattr(fn, "inputs_on_host", False)
+                and not budget.refuse(150.0 + 4 * j_warm)):
             row.update(_device_inputs_side_by_side(fn, value, jac))
         row.update(status="ok", value_first_s=v_first, value_warm_s=v_warm,
                    jacobian_first_s=j_first, jacobian_warm_s=j_warm,
@@ -815,6 +817,9 @@ def build_parser():
     ap.add_argument("--grad-sec", choices=("on", "off", "both"), default="on",
                     help="(d) sensitivity error control of the Jacobian rows (both: a row each, "
                          "and their difference; docs/gradients.md)")
+    ap.add_argument("--device-inputs", action="store_true",
+                    help="(d): also time the value and Jacobian with their inputs stage on the GPU "
+                         "instead of the host CPU")
     ap.add_argument("--config", default="lcdm", help="config for (b), (c), (d) (default lcdm; "
                     "lcdm_reduced: the reduced-precision model, n = 64)")
     ap.add_argument("--quick", action="store_true",

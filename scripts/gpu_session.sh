@@ -1,16 +1,23 @@
 #!/bin/bash
-# One device window's GPU work, detached, most wanted first: the tables' loop shapes
-# (bench_tables; TABLES=0 skips them), bench_gpu parts c and b (one P(k), 256 cosmologies end to
-# end), part d (the Jacobian ratio, the batched value-and-Jacobian of GRAD_BATCH cosmologies), the
-# -m gpu tests not run in the last windows, time to first result. Each step's output goes to
-# $JOB/<step>.txt and its exit status to $JOB/log. Start it from the repo root on the GPU
-# machine, after '. /opt/dev-site/env.sh':  setsid bash scripts/gpu_session.sh &
+# One device window's GPU work, detached, most wanted first. STEPS (default "cb d first_run
+# profile") picks and orders the steps:
+#   tables     bench_tables: the thermodynamics' loop shapes, 128 and 256 cosmologies
+#   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
+#   d          bench_gpu part d: the Jacobian ratio with SEC on and off (GRAD_SEC, default both),
+#              the batched value-and-Jacobian of GRAD_BATCH cosmologies
+#   first_run  the main job on CUDA in a first and a second process (one cache folder)
+#   profile    a third process on that cache folder under cProfile (where its seconds go)
+#   tests      the -m gpu tests named in GPU_TESTS
+# Each step's output goes to $JOB/<step>.txt and its exit status to $JOB/log. Start it from the
+# repo root on the GPU machine, after '. /opt/dev-site/env.sh':  setsid bash scripts/gpu_session.sh &
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export BENCH_MACHINE="${BENCH_MACHINE:-NVIDIA H200}"
 JOB=${JOB:-/tmp/job}; mkdir -p "$JOB"
+CACHE=${CACHE:-/tmp/fr_cache}
 exec >>"$JOB/log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
+git log --oneline -1 2>/dev/null || true
 step() {
     local name=$1 limit=$2; shift 2
     echo "=== $name start $(date -u +%T)"
@@ -18,17 +25,32 @@ step() {
     echo "=== $name rc=$? end $(date -u +%T)"
     tail -n 3 "$JOB/$name.txt"
 }
-if [ -n "${TABLES:-1}" ] && [ "${TABLES:-1}" != 0 ]; then
-step tables 420 python scripts/bench_tables.py --cosmologies 128 --shapes rolled,n1u1,n0u1i,n1u1i,n1u4i \
-    --out "$JOB/tables128"
-step tables256 240 python scripts/bench_tables.py --cosmologies 256 --chunk 256 --shapes n1u1i,n1u4i \
-    --out "$JOB/tables256"
-fi
-step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda --budget 400 \
-    --row-limit 300 --out "$JOB/cb"
-step bench_d 600 python scripts/bench_gpu.py --parts d --backends cuda --budget 560 --row-limit 500 \
-    --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d"
-step tests 420 python -m pytest -o addopts="" -m gpu -q -p no:cacheprovider \
-    tests/test_cuda_sensitivity.py tests/test_cuda_backend.py tests/test_cmb_gpu.py
-step first_run 300 python scripts/bench_first_run.py --backend cuda --out "$JOB/fr"
+for s in ${STEPS:-cb d first_run profile}; do
+    case $s in
+    tables)
+        step tables 420 python scripts/bench_tables.py --cosmologies 128 \
+            --shapes rolled,n1u1,n0u1i,n1u1i --out "$JOB/tables128"
+        step tables256 240 python scripts/bench_tables.py --cosmologies 256 --chunk 256 \
+            --shapes n1u1i --out "$JOB/tables256" ;;
+    cb)
+        step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
+            --budget 400 --row-limit 300 --out "$JOB/cb" ;;
+    d)
+        step bench_d 600 python scripts/bench_gpu.py --parts d --backends cuda --budget 560 \
+            --row-limit 500 --grad-sec "${GRAD_SEC:-both}" --grad-batch "${GRAD_BATCH:-64}" \
+            --out "$JOB/d" ;;
+    first_run)
+        rm -rf "$CACHE"
+        step first_run 300 python scripts/bench_first_run.py --backend cuda --cache-dir "$CACHE" \
+            --out "$JOB/fr" ;;
+    profile)
+        step profile 120 python -m cProfile -o "$JOB/third.prof" scripts/transfer.py \
+            --config lcdm --backend cuda --cache-dir "$CACHE" --out /tmp/prof_out --no-plot
+        python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(60)" \
+            "$JOB/third.prof" > "$JOB/profile_top.txt" 2>&1 ;;
+    tests)
+        step tests 420 python -m pytest -o addopts="" -m gpu -q -p no:cacheprovider \
+            ${GPU_TESTS:-tests/test_cuda_warp.py tests/test_cmb_gpu.py} ;;
+    esac
+done
 echo "=== ALL DONE $(date -u +%T)"

@@ -64,7 +64,7 @@ def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
 
     seen = []
 
-    def fake_row(row, backend, cfg, names, batch, budget, sec=True):
+    def fake_row(row, backend, cfg, names, batch, budget, sec=True, device_inputs=False):
         seen.append((backend, sec))
         row.update(status="ok", value_first_s=1.0, value_warm_s=0.5, jacobian_first_s=2.0,
                    jacobian_warm_s=1.0, ratio=2.0, jacobian_finite=True, note="")
