@@ -233,7 +233,7 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
     config = _load_config(config_path)
     run = _default_run() if run is None else run
 
-    from boltzmann import output, plots
+    from boltzmann import output
     from boltzmann.progress import ProgressReporter, format_timings
 
     out_dir = Path(args.out or _config_out_dir(config) or DEFAULT_OUT_DIR)
@@ -278,6 +278,8 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
         written.append(output.write_dpk_csv(out_dir / output.DPK_FILE, k, dlnp_m, dlnp_cb, zs,
                                             tables["parameters"], comments=comments))
         if not args.no_plot:
+            from boltzmann import plots  # matplotlib: imported only when plotting
+
             written.append(out_dir / "dpk.png")
             plots.plot_dpk(written[-1], k, dlnp_m, zs, tables["parameters"],
                            title=f"{name}: exact derivatives")

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from solver.persisted import PersistedProgram
+
 from . import distances as dist
 
 __all__ = ["SUMMARY_NAMES", "NAMES", "UnknownDerivedParameter", "derived_parameters",
@@ -133,7 +135,10 @@ def sigma8_at(result, z: float, c: int = 0, *, name: str = "sigma8"):
     return None if problem is not None or not math.isfinite(value) else value
 
 
-_derived_jit = jax.jit(derived_parameters)
+#: persisted (solver.persisted): a later process loads its traced form instead of tracing the
+#: background quadratures it contains again
+_derived_program = PersistedProgram(derived_parameters, ("boltzmann.derived",),
+                                    name="boltzmann.derived")
 
 
 def result_values(result, c: int = 0) -> dict:
@@ -142,7 +147,7 @@ def result_values(result, c: int = 0) -> dict:
     cosmo = result.cosmologies[c]
     thermo = {k: float(np.asarray(v)[c]) for k, v in result.tables.derived.items()}
     s8, s8_cb = sigma8_at(result, 0.0, c), sigma8_at(result, 0.0, c, name="sigma8_cb")
-    return {k: float(v) for k, v in _derived_jit(cosmo, thermo, s8, s8_cb).items()}
+    return {k: float(v) for k, v in _derived_program(cosmo, thermo, s8, s8_cb).items()}
 
 
 def pick(values: Mapping, names: Sequence[str] | None, use_fld: bool) -> dict:

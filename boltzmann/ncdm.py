@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -183,6 +184,7 @@ def mass_ratio(a, m_ev, t_ncdm0_k):
     return a * m_ev / (const.K_B_EV_PER_K * t_ncdm0_k)
 
 
+@jax.jit
 def rho_p_ncdm(a, m_ev, t_ncdm0_k, deg, nodes=None):
     """Density and pressure ``(rho_tilde, p_tilde)`` [1/Mpc^2] of one ncdm species at scale factor a.
 
@@ -195,6 +197,7 @@ def rho_p_ncdm(a, m_ev, t_ncdm0_k, deg, nodes=None):
     return pref * i_rho, pref * i_p
 
 
+@jax.jit
 def omega_ncdm(m_ev, t_ncdm0_k, deg):
     """Physical density today ``omega_ncdm = Omega_ncdm h^2`` of one species (exact FD integral)."""
     rho, _ = rho_p_ncdm(1.0, m_ev, t_ncdm0_k, deg)

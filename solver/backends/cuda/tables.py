@@ -77,9 +77,14 @@ def check_split(rhs, split, y, t, p, args):
     physics on the GPU).  Compares the device flavour with the JAX rhs."""
     import jax.numpy as jnp
 
+    import jax
+
     P = int(p.shape[0])
-    ref = np.array([float(v) for v in rhs(jnp.asarray(y), jnp.asarray(t), jnp.asarray(p),
-                                          jnp.asarray(args))])
+    # one compiled program on the host CPU: run op by op on a GPU the rhs is thousands of kernel
+    # launches and as many small executables to load, seconds of every new process
+    with jax.default_device(jax.devices("cpu")[0]):
+        ref = np.array([float(v) for v in jax.jit(rhs)(
+            jnp.asarray(y), jnp.asarray(t), jnp.asarray(p), jnp.asarray(args))])
     a = args_array(args)
     pt = np.ascontiguousarray(p, dtype=np.float64)
     got = np.array(split.core_device(tuple(float(v) for v in y), float(t),
