@@ -205,11 +205,13 @@ class PowerSpectrumFunction:
 
     # the stages θ → inputs → solve → outputs; ``_evaluate`` composes them
     def _stage_inputs(self, theta):
-        """θ → (table (1, …), rows, y0, thermodynamic redshifts): what the solve and the
-        outputs read."""
+        """θ → (table (1, …), rows, y0, background and derived outputs): what the solve and the
+        outputs read. The background outputs depend on θ and the thermodynamics alone, so they
+        are computed here, with the tables (on the host CPU on an accelerator: a few quadratures
+        that would otherwise run as small GPU kernels after the solve)."""
         cosmo, table, thermo = self._tables(theta)
         rows, y0 = mode_inputs(table, cosmo, self.k_solve[None], self.x0, self.model, self.grid)
-        return table, rows, y0, thermo
+        return table, rows, y0, self._background(self.cosmology(theta), thermo)
 
     def _stage_solve(self, table, rows, y0):
         """The modes' states at the save times (``solve_diff``: differentiable)."""
@@ -219,8 +221,8 @@ class PowerSpectrumFunction:
                            max_steps=self.MAX_STEPS,
                            weights=self.weights)
 
-    def _stage_outputs(self, theta, ys, rows, table, thermo):
-        """The outputs from θ and the solved states."""
+    def _stage_outputs(self, theta, ys, rows, table, background):
+        """The outputs from θ, the solved states and the background outputs."""
         cosmo = _one(self.cosmology(theta))
         fields = transfers_of_states(ys, rows, table, self.k_solve[None], self.z, self.model)
         spec = power_spectra(fields, self.k_solve[None], cosmo, with_sigma8=self.with_sigma8)
@@ -230,15 +232,17 @@ class PowerSpectrumFunction:
         if self.with_sigma8:
             out["sigma8"] = spec["sigma8"][0]
             out["sigma8_cb"] = spec["sigma8_cb"][0]
-        out.update(self._background(self.cosmology(theta), thermo))
+        out.update(background)
         return out
 
     def _evaluate(self, theta):
-        table, rows, y0, thermo = self._stage_inputs(theta)
-        return self._stage_outputs(theta, self._stage_solve(table, rows, y0), rows, table, thermo)
+        table, rows, y0, background = self._stage_inputs(theta)
+        return self._stage_outputs(theta, self._stage_solve(table, rows, y0), rows, table,
+                                   background)
 
-    def _solve_and_outputs(self, theta, table, rows, y0, thermo):
-        return self._stage_outputs(theta, self._stage_solve(table, rows, y0), rows, table, thermo)
+    def _solve_and_outputs(self, theta, table, rows, y0, background):
+        return self._stage_outputs(theta, self._stage_solve(table, rows, y0), rows, table,
+                                   background)
 
     def _host_inputs(self, program, theta):
         """``program(theta)`` on the host CPU, its result moved to the default device; or run
@@ -267,14 +271,14 @@ class PowerSpectrumFunction:
             sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS,
             weights=self.weights)
 
-    def _outputs_and_tangents(self, theta, ys, rows, table, thermo, dys, drows, dtable,
-                              dthermo):
+    def _outputs_and_tangents(self, theta, ys, rows, table, background, dys, drows, dtable,
+                              dbackground):
         """(outputs, ∂outputs/∂θ with θ's axis last, as ``jax.jacfwd`` lays it out)."""
         eye = jnp.eye(theta.size, dtype=theta.dtype)
         return jax.vmap(
-            lambda e, a, b, c, d: jax.jvp(self._stage_outputs, (theta, ys, rows, table, thermo),
-                                          (e, a, b, c, d)),
-            out_axes=(None, -1))(eye, dys, drows, dtable, dthermo)
+            lambda e, a, b, c, d: jax.jvp(self._stage_outputs,
+                                          (theta, ys, rows, table, background), (e, a, b, c, d)),
+            out_axes=(None, -1))(eye, dys, drows, dtable, dbackground)
 
     def _background(self, cosmo, thermo) -> dict:
         """The background observables at ``z_background`` and the derived numbers of one
@@ -345,8 +349,8 @@ class PowerSpectrumFunction:
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         if isinstance(theta, jax.core.Tracer) or not (self.inputs_on_host and host_cpu()):
             return self._jit_value(theta)
-        table, rows, y0, thermo = self._host_inputs(self._jit_stage_inputs, theta)
-        return self._jit_solve_outputs(theta, table, rows, y0, thermo)
+        table, rows, y0, background = self._host_inputs(self._jit_stage_inputs, theta)
+        return self._jit_solve_outputs(theta, table, rows, y0, background)
 
     def jacobian(self, theta=None) -> tuple[dict, dict]:
         """(values, jac): jac[name] has the output's shape + (len(θ),).
@@ -361,13 +365,13 @@ class PowerSpectrumFunction:
         them; on the CUDA backend they are the plain solve's."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         t0 = time.perf_counter()
-        (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = jax.block_until_ready(
-            self._host_inputs(self._jit_inputs_jvp, theta))
+        (table, rows, y0, background), (dtable, drows, dy0, dbackground) = (
+            jax.block_until_ready(self._host_inputs(self._jit_inputs_jvp, theta)))
         t1 = time.perf_counter()
         ys, dys = jax.block_until_ready(self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0))
         t2 = time.perf_counter()
-        out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, thermo, dys,
-                                                          drows, dtable, dthermo))
+        out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, background,
+                                                          dys, drows, dtable, dbackground))
         # wall seconds per stage (the first call's include tracing and compiling): what bounds
         # a Jacobian, reported by the CLI's summary.json
         self.last_stage_seconds = {"inputs": t1 - t0, "solve": t2 - t1,

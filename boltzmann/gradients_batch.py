@@ -83,9 +83,12 @@ class PowerSpectrumBatch:
         cosmos = self._cosmologies(thetas)
         table, thermo = jax.vmap(lambda c: tables_one(c, fn.grid, fn.model))(cosmos)
         rows, y0 = mode_inputs(table, cosmos, lay["k"], lay["x0"], fn.model, fn.grid)
-        return table, rows, y0, thermo
+        # the background outputs depend on θ and the thermodynamics alone (computed with them)
+        background = jax.vmap(lambda th, td: fn._background(
+            fn.cosmology(th), {name: v[None] for name, v in td.items()}))(thetas, thermo)
+        return table, rows, y0, background
 
-    def _outputs(self, thetas, ys, rows, table, thermo, lay):
+    def _outputs(self, thetas, ys, rows, table, background, lay):
         fn = self.fn
         cosmos = self._cosmologies(thetas)
         fields = transfers_of_states(ys, rows, table, lay["k"], fn.z, fn.model)
@@ -96,8 +99,6 @@ class PowerSpectrumBatch:
         if fn.with_sigma8:
             out["sigma8"] = spec["sigma8"]
             out["sigma8_cb"] = spec["sigma8_cb"]
-        background = jax.vmap(lambda th, td: fn._background(
-            fn.cosmology(th), {name: v[None] for name, v in td.items()}))(thetas, thermo)
         out.update(background)
         return out
 
@@ -113,9 +114,9 @@ class PowerSpectrumBatch:
         P = len(self.parameters)
 
         def value(thetas):
-            table, rows, y0, thermo = self._inputs(thetas, lay)
+            table, rows, y0, background = self._inputs(thetas, lay)
             ys = solve_modes(table, rows, y0, lay["x0"], fn.z, fn.model, **opts)
-            return self._outputs(thetas, ys, rows, table, thermo, lay)
+            return self._outputs(thetas, ys, rows, table, background, lay)
 
         def directions(thetas):
             # E_j: parameter j of every cosmology moved together (module docstring)
@@ -131,12 +132,12 @@ class PowerSpectrumBatch:
             return solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, lay["x0"],
                                              fn.z, fn.model, **opts)
 
-        def outputs_jvp(thetas, ys, rows, table, thermo, dys, drows, dtable, dthermo):
+        def outputs_jvp(thetas, ys, rows, table, background, dys, drows, dtable, dbackground):
             f = lambda *a: self._outputs(*a, lay)  # noqa: E731
             return jax.vmap(
-                lambda e, a, b, c, d: jax.jvp(f, (thetas, ys, rows, table, thermo),
+                lambda e, a, b, c, d: jax.jvp(f, (thetas, ys, rows, table, background),
                                               (e, a, b, c, d)),
-                out_axes=(None, -1))(directions(thetas), dys, drows, dtable, dthermo)
+                out_axes=(None, -1))(directions(thetas), dys, drows, dtable, dbackground)
 
         return {"value": jax.jit(value), "inputs_jvp": jax.jit(inputs_jvp),
                 "solve_jvp": jax.jit(solve_jvp), "outputs_jvp": jax.jit(outputs_jvp)}
@@ -168,13 +169,13 @@ class PowerSpectrumBatch:
         (n_θ,); the solve is one joint sensitivity solve of C·K modes × n_θ directions."""
         thetas, prog = self._programs_for(thetas)
         t0 = time.perf_counter()
-        (table, rows, y0, thermo), (dtable, drows, dy0, dthermo) = jax.block_until_ready(
+        (table, rows, y0, background), (dtable, drows, dy0, dbackground) = jax.block_until_ready(
             prog["inputs_jvp"](thetas))
         t1 = time.perf_counter()
         ys, dys = jax.block_until_ready(prog["solve_jvp"](table, rows, y0, dtable, drows, dy0))
         t2 = time.perf_counter()
-        val, jac = jax.block_until_ready(prog["outputs_jvp"](thetas, ys, rows, table, thermo,
-                                                             dys, drows, dtable, dthermo))
+        val, jac = jax.block_until_ready(prog["outputs_jvp"](thetas, ys, rows, table, background,
+                                                             dys, drows, dtable, dbackground))
         self.last_stage_seconds = {"inputs": t1 - t0, "solve": t2 - t1,
                                    "outputs": time.perf_counter() - t2}
         val = dict(val)

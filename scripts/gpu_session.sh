@@ -2,11 +2,16 @@
 # One device window's GPU work, detached, most wanted first. STEPS (default "cb d first_run
 # profile") picks and orders the steps:
 #   tables     bench_tables: the thermodynamics' loop shapes, 128 and 256 cosmologies
+#   hosttables one cosmology's tables on the host CPU: as is, on one core (taskset), and with
+#              XLA:CPU's Eigen threads off
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   d          bench_gpu part d: the Jacobian ratio with SEC on and off (GRAD_SEC, default both),
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
-#   profile    a third process on that cache folder under cProfile (where its seconds go)
+#   profile    a third process on that cache folder under cProfile (where its seconds go), and
+#              a fourth under -X importtime
+# Python writes its bytecode under $JOB/pycache (the image sets PYTHONDONTWRITEBYTECODE, which
+# would make every process compile every module it imports, unlike an installed package).
 #   tests      the -m gpu tests named in GPU_TESTS
 # Each step's output goes to $JOB/<step>.txt and its exit status to $JOB/log. Start it from the
 # repo root on the GPU machine, after '. /opt/dev-site/env.sh':  setsid bash scripts/gpu_session.sh &
@@ -14,6 +19,8 @@ cd "$(dirname "$0")/.." || exit 1
 export PYTHONPATH=.:$PYTHONPATH PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export BENCH_MACHINE="${BENCH_MACHINE:-NVIDIA H200}"
 JOB=${JOB:-/tmp/job}; mkdir -p "$JOB"
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$JOB/pycache"
 CACHE=${CACHE:-/tmp/fr_cache}
 exec >>"$JOB/log" 2>&1
 nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv
@@ -32,6 +39,14 @@ for s in ${STEPS:-cb d first_run profile}; do
             --shapes rolled,n1u1,n0u1i,n1u1i --out "$JOB/tables128"
         step tables256 240 python scripts/bench_tables.py --cosmologies 256 --chunk 256 \
             --shapes n1u1i --out "$JOB/tables256" ;;
+    hosttables)
+        step hosttables 60 python scripts/bench_tables.py --cosmologies 1 --device cpu \
+            --shapes rolled,n1u1i --repeats 7
+        step hosttables_1core 60 taskset -c 0 python scripts/bench_tables.py --cosmologies 1 \
+            --device cpu --shapes rolled,n1u1i --repeats 7
+        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" step hosttables_noeigen 60 \
+            python scripts/bench_tables.py --cosmologies 1 --device cpu --shapes rolled,n1u1i \
+            --repeats 7 ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
@@ -47,7 +62,9 @@ for s in ${STEPS:-cb d first_run profile}; do
         step profile 120 python -m cProfile -o "$JOB/third.prof" scripts/transfer.py \
             --config lcdm --backend cuda --cache-dir "$CACHE" --out /tmp/prof_out --no-plot
         python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(60)" \
-            "$JOB/third.prof" > "$JOB/profile_top.txt" 2>&1 ;;
+            "$JOB/third.prof" > "$JOB/profile_top.txt" 2>&1
+        python -X importtime scripts/transfer.py --config lcdm --backend cuda --cache-dir "$CACHE" \
+            --out /tmp/prof_out --no-plot 2> "$JOB/importtime.txt" > /dev/null ;;
     tests)
         step tests 420 python -m pytest -o addopts="" -m gpu -q -p no:cacheprovider \
             ${GPU_TESTS:-tests/test_cuda_warp.py tests/test_cmb_gpu.py} ;;
