@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.hermite import hermite_interp
+from models.hermite import hermite
 
 from solver.caches import Cache
 
@@ -151,6 +151,12 @@ def _background_table():
     return u, np.log(np.stack([rho, p])), np.stack([dln_rho, dln_p]), moments
 
 
+def array_module(*xs):
+    """numpy when every input is a plain number or numpy array (configuration arithmetic on the
+    host, no device dispatch), else jax.numpy (traced, or arrays already on a device)."""
+    return jnp if any(isinstance(x, jax.Array) for x in xs) else np
+
+
 def background_integrals(mass_ratio):
     """``(I_rho, I_p)`` of the background rule at ``M`` from its table in ln M.
 
@@ -158,25 +164,28 @@ def background_integrals(mass_ratio):
     background and thermodynamics stages; summing the 200-node rule there made those integrals
     most of the tables stage's time. The table is built once from the same rule, so the result is
     the rule's to ~1e-13 relative, and it is smooth in M (its derivative is that of the cubic
-    cells, for gradients in the neutrino mass).
+    cells, for gradients in the neutrino mass). numpy in, numpy out (``array_module``).
     """
     u_nodes, vals, ders, mom = _RULES.get_or_build("background_table", _background_table)
-    m = jnp.asarray(mass_ratio, dtype=jnp.float64)
+    xp = array_module(mass_ratio)
+    m = xp.asarray(mass_ratio, dtype=np.float64)
     m_lo, m_hi = math.exp(_U_MIN), math.exp(_U_MAX)
     small = m <= m_lo
     large = m >= m_hi
-    m_mid = jnp.clip(m, m_lo, m_hi)           # every branch sees a finite, safe argument
-    u = jnp.log(m_mid)
-    table = [jnp.exp(hermite_interp(jnp.asarray(u_nodes), jnp.asarray(vals[j]),
-                                    jnp.asarray(ders[j]), u)) for j in range(2)]
-    m_s = jnp.where(small, m, m_lo)
+    u = xp.log(xp.clip(m, m_lo, m_hi))          # every branch sees a finite, safe argument
+    cell = xp.clip(xp.floor((u - _U_MIN) / _U_STEP).astype(np.int32), 0, u_nodes.size - 2)
+    t = (u - (_U_MIN + _U_STEP * cell)) / _U_STEP
+    table = [xp.exp(hermite(t, _U_STEP, xp.asarray(vals[j])[cell], xp.asarray(ders[j])[cell],
+                            xp.asarray(vals[j])[cell + 1], xp.asarray(ders[j])[cell + 1]))
+             for j in range(2)]
+    m_s = xp.where(small, m, m_lo)
     m2 = m_s * m_s
     series_small = (mom["wq"] + 0.5 * m2 * mom["w/q"], mom["wq"] / 3.0 - m2 * mom["w/q"] / 6.0)
-    m_l = jnp.where(large, m, m_hi)
+    m_l = xp.where(large, m, m_hi)
     series_large = (m_l * mom["w"] + 0.5 * mom["wq2"] / m_l,
                     mom["wq2"] / (3.0 * m_l) - mom["wq4"] / (6.0 * m_l**3))
-    return tuple(jnp.where(small, s, jnp.where(large, lg, t))
-                 for s, lg, t in zip(series_small, series_large, table))
+    return tuple(xp.where(small, sm, xp.where(large, lg, tb))
+                 for sm, lg, tb in zip(series_small, series_large, table))
 
 
 def mass_ratio(a, m_ev, t_ncdm0_k):
@@ -184,20 +193,39 @@ def mass_ratio(a, m_ev, t_ncdm0_k):
     return a * m_ev / (const.K_B_EV_PER_K * t_ncdm0_k)
 
 
-@jax.jit
 def rho_p_ncdm(a, m_ev, t_ncdm0_k, deg, nodes=None):
     """Density and pressure ``(rho_tilde, p_tilde)`` [1/Mpc^2] of one ncdm species at scale factor a.
 
     ``a`` may be an array; ``m_ev``, ``t_ncdm0_k``, ``deg`` are scalars (broadcasting works too).
-    Differentiable in all arguments.  ``nodes`` as in :func:`fd_integrals`.
+    Differentiable in all arguments.  ``nodes`` as in :func:`fd_integrals`. Plain numbers or
+    numpy arrays are computed with numpy; JAX arrays and tracers by one compiled program.
     """
-    a = jnp.asarray(a)
-    i_rho, i_p = fd_integrals(mass_ratio(a, m_ev, t_ncdm0_k), nodes)
+    if array_module(a, m_ev, t_ncdm0_k, deg) is np:
+        return _rho_p(np, a, m_ev, t_ncdm0_k, deg, nodes)
+    return _rho_p_program(a, m_ev, t_ncdm0_k, deg, nodes)
+
+
+def _rho_p(xp, a, m_ev, t_ncdm0_k, deg, nodes):
+    a = xp.asarray(a, dtype=np.float64)
+    m = mass_ratio(a, m_ev, t_ncdm0_k)
+    i_rho, i_p = (background_integrals(m) if nodes is None else
+                  quadrature_integrals(m, nodes) if xp is jnp else
+                  _quadrature_integrals_np(m, nodes))
     pref = deg * const.RHO_TILDE_FD_PER_K4 * t_ncdm0_k**4 / a**4
     return pref * i_rho, pref * i_p
 
 
-@jax.jit
+def _quadrature_integrals_np(mass_ratio, nodes):
+    q, w = (np.asarray(x, np.float64) for x in nodes)
+    eps = np.sqrt(q**2 + np.asarray(mass_ratio, np.float64)[..., None] ** 2)
+    return np.sum(w * eps, axis=-1), np.sum(w * q**2 / (3.0 * eps), axis=-1)
+
+
+#: one compiled program per argument signature: run op by op, the table lookup was a few dozen
+#: dispatches per call (on a GPU each a kernel launch and an executable to load per process)
+_rho_p_program = jax.jit(lambda a, m, t, deg, nodes: _rho_p(jnp, a, m, t, deg, nodes))
+
+
 def omega_ncdm(m_ev, t_ncdm0_k, deg):
     """Physical density today ``omega_ncdm = Omega_ncdm h^2`` of one species (exact FD integral)."""
     rho, _ = rho_p_ncdm(1.0, m_ev, t_ncdm0_k, deg)

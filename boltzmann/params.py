@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 
@@ -38,6 +37,9 @@ class ConfigError(ValueError):
 
 
 from .schema import COSMOLOGY_TABLE, OUTPUT_TABLE, PRECISION_TABLE, REQUIRED, Key
+
+#: numpy for plain numbers (a configuration's arithmetic, on the host), jax.numpy for JAX values
+_xp = _ncdm.array_module
 
 
 _TOP_LEVEL = ("name", "cosmology", "output", "precision")
@@ -132,7 +134,7 @@ class CosmoParams:
 
     @property
     def ln10_10_A_s(self):
-        return jnp.log(1e10 * self.A_s)
+        return _xp(self.A_s).log(1e10 * self.A_s)
 
     @property
     def omega_g(self):
@@ -147,19 +149,18 @@ class CosmoParams:
     @property
     def T_ncdm0_K(self):
         """ncdm temperatures today in K, shape (n_ncdm,)."""
-        return jnp.asarray(self.T_ncdm) * self.T_cmb
+        return _xp(self.T_ncdm, self.T_cmb).asarray(self.T_ncdm) * self.T_cmb
 
     @property
     def omega_ncdm(self):
         """Omega_ncdm h^2 per species today (exact Fermi–Dirac integral), shape (n_ncdm,)."""
         if self.n_ncdm == 0:
-            return jnp.zeros((0,))
-        return _ncdm.omega_ncdm(jnp.asarray(self.m_ncdm), self.T_ncdm0_K,
-                                jnp.asarray(self.deg_ncdm))
+            return _xp(self.m_ncdm).zeros((0,))
+        return _ncdm.omega_ncdm(self.m_ncdm, self.T_ncdm0_K, self.deg_ncdm)
 
     @property
     def omega_ncdm_tot(self):
-        return jnp.sum(self.omega_ncdm)
+        return _xp(self.m_ncdm, self.T_cmb).sum(self.omega_ncdm)
 
     @property
     def omega_m(self):
@@ -174,8 +175,9 @@ class CosmoParams:
     @property
     def N_eff(self):
         """Effective number of neutrinos in the early universe: N_ur + sum deg (T_ncdm/T_nu)^4."""
-        t_ratio = jnp.asarray(self.T_ncdm) / const.T_NU_OVER_T_GAMMA
-        return self.N_ur + jnp.sum(jnp.asarray(self.deg_ncdm) * t_ratio**4)
+        xp = _xp(self.T_ncdm, self.deg_ncdm)
+        t_ratio = xp.asarray(self.T_ncdm) / const.T_NU_OVER_T_GAMMA
+        return self.N_ur + xp.sum(xp.asarray(self.deg_ncdm) * t_ratio**4)
 
     @property
     def Omega_de(self):

@@ -32,7 +32,7 @@ from .launch_ffi import FfiLauncher
 from .launch_numba import solve_numba, solve_sensitivities
 from .modules import scratch_dir
 from .tables import check_args_structure, table_split_of
-from .toolchain import cuda_modules
+from .toolchain import check_cuda_packages, cuda_modules
 
 __all__ = ["CudaBackend", "LAUNCH_MODES", "KERNEL_KINDS"]
 
@@ -114,10 +114,13 @@ class CudaBackend(Backend):
         if self.emulated:
             return emulate_plain(rhs, kernel_inputs(inputs, rtol), args, sparsity, max_steps,
                                  controller, tableau, self.module_dir, self.kernel)
-        cuda_modules()  # fail early, with the reason, before any host-side work
         if self.use_ffi():
+            # fail early, with the reason, before any host-side work; the packages themselves
+            # are imported only if the kernel must be compiled (not cached)
+            check_cuda_packages()
             return self.ffi.solve(rhs, inputs, args=args, rtol=rtol, max_steps=max_steps,
                                   sparsity=sparsity, controller=controller, tableau=tableau)
+        cuda_modules()  # fail early, with the reason, before any host-side work
         return solve_numba(rhs, kernel_inputs(inputs, rtol), args, sparsity, max_steps,
                            controller, tableau, self.module_dir, self.kernel)
 

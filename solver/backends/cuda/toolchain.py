@@ -35,6 +35,21 @@ def cuda_modules():
     return cuda, types, jvp
 
 
+def check_cuda_packages() -> None:
+    """Raise ``CudaBackendUnavailable`` naming what is missing when numba-cuda-mlir or
+    numba-enzyme-cuda is not installed — without importing them: a launch whose kernel image
+    comes from the on-disk cache needs neither (importing numba-cuda-mlir, which imports torch
+    where it is installed, was seconds of every new process)."""
+    from importlib.util import find_spec
+
+    for module, need in (("numba_cuda_mlir", "numba-cuda-mlir (>=0.5.1,<0.6) and a CUDA GPU"),
+                         ("numba_enzyme", "numba-enzyme-cuda 0.2.x (Linux x86_64, glibc >= 2.39) "
+                                          "for the Jacobian sweeps")):
+        if find_spec(module) is None:
+            raise CudaBackendUnavailable(f"backend='cuda' needs {need}: {module} is not "
+                                         "installed")
+
+
 def kernel_attr(kernel, getter):
     """A compiled-kernel attribute, e.g. ``get_local_mem_per_thread`` (bytes) or
     ``get_regs_per_thread`` (max over compiled overloads; None if numba cannot say)."""
