@@ -24,7 +24,8 @@ from typing import Mapping
 import jax
 
 __all__ = ["Settings", "CompileCounter", "configure", "use_float64", "require_float64",
-           "default_cache_root", "clear_cache", "backend_for", "persistent_dir"]
+           "default_cache_root", "clear_cache", "backend_for", "persistent_dir",
+           "size_host_pool"]
 
 #: folder names under the cache root
 XLA_DIR = "xla"
@@ -59,28 +60,36 @@ class Settings:
     cache_root: the persistent cache's folder, or None for no persistent cache;
     cuda_launch: the CUDA backend's launch ("auto", "ffi", "numba"; solver.CudaBackend);
     ffi_library: a prebuilt FFI handler library for the CUDA backend, or None to build one;
-    cxx: the C++ compiler that builds the handler.
+    cxx: the C++ compiler that builds the handler;
+    host_threads: the size of XLA:CPU's thread pool (``size_host_pool``), or None for JAX's
+        default (one thread per CPU the process may use).
     """
 
     cache_root: Path | None = None
     cuda_launch: str = "auto"
     ffi_library: Path | None = None
     cxx: str = "g++"
+    host_threads: int | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ, *,
                          cache_root: Path | str | None = None, no_cache: bool = False):
         """Settings from the environment: BOLTZMANN_CACHE_DIR / XDG_CACHE_HOME (cache root;
-        BOLTZMANN_CACHE=0 turns the cache off), BOLTZMANN_CUDA_LAUNCH, BOLTZMANN_FFI_LIB, CXX.
-        Explicit arguments (the CLI's options) take precedence."""
+        BOLTZMANN_CACHE=0 turns the cache off), BOLTZMANN_CUDA_LAUNCH, BOLTZMANN_FFI_LIB, CXX,
+        BOLTZMANN_HOST_THREADS. Explicit arguments (the CLI's options) take precedence."""
         off = environ.get("BOLTZMANN_CACHE", "1").strip().lower() in ("0", "off", "false", "no")
         if no_cache or (off and cache_root is None):
             root = None
         else:
             root = Path(cache_root).expanduser() if cache_root else default_cache_root(environ)
         lib = environ.get("BOLTZMANN_FFI_LIB")
+        threads = environ.get("BOLTZMANN_HOST_THREADS", "").strip()
+        if threads and not (threads.isdigit() and int(threads) > 0):
+            raise ValueError(f"BOLTZMANN_HOST_THREADS={threads!r}: give a positive integer (the "
+                             "size of XLA:CPU's thread pool) or leave it unset")
         return cls(cache_root=root, cuda_launch=environ.get("BOLTZMANN_CUDA_LAUNCH", "auto"),
-                   ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++")
+                   ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++",
+                   host_threads=int(threads) if threads else None)
 
 
 class CompileCounter:
@@ -110,6 +119,8 @@ def configure(settings: Settings = Settings()) -> CompileCounter:
     JAX writes each entry atomically, so a sampler's workers can share one cache.
     """
     global _configured_root
+    if settings.host_threads is not None:
+        size_host_pool(settings.host_threads)
     use_float64()
     counter = CompileCounter()
     jax.monitoring.register_event_listener(counter)
@@ -125,6 +136,33 @@ def configure(settings: Settings = Settings()) -> CompileCounter:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return counter
+
+
+def size_host_pool(n_threads: int) -> bool:
+    """Initialise JAX's backends with XLA:CPU's thread pool sized to ``n_threads``; False (and
+    nothing changed) when the backends already exist or the platform cannot set affinities.
+
+    Why: on an accelerator the host CPU still runs the tables' node-to-node loop for a few
+    cosmologies — thousands of tiny operations — and XLA:CPU hands them to a pool with a thread
+    per CPU. On a 16-core host that costs more than the arithmetic: one cosmology's tables took
+    105 ms there and 42 ms with the process on one core (docs/benchmarks.md, H200 2026-12-04).
+    XLA sizes the pool from the process's CPU affinity when the backends are created, so the
+    affinity is narrowed for that moment and restored at once (threads created meanwhile keep
+    the narrow set).
+    """
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized() or not hasattr(os, "sched_setaffinity"):
+        return False
+    cpus = sorted(os.sched_getaffinity(0))
+    if int(n_threads) >= len(cpus):
+        return False
+    os.sched_setaffinity(0, cpus[:int(n_threads)])
+    try:
+        jax.devices()
+    finally:
+        os.sched_setaffinity(0, cpus)
+    return True
 
 
 def drop_unreadable_entries(xla_dir: Path) -> list[Path]:

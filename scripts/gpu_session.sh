@@ -5,6 +5,7 @@
 #   hosttables one cosmology's tables on the host CPU: as is, on one core (taskset), and with
 #              XLA:CPU's Eigen threads off
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
+#   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
 #   d          bench_gpu part d: the Jacobian ratio with SEC on and off (GRAD_SEC, default both),
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
@@ -47,6 +48,9 @@ for s in ${STEPS:-cb d first_run profile}; do
         XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" step hosttables_noeigen 60 \
             python scripts/bench_tables.py --cosmologies 1 --device cpu --shapes rolled,n1u1i \
             --repeats 7 ;;
+    hostpool)
+        BOLTZMANN_HOST_THREADS=1 step hostpool 300 python scripts/bench_gpu.py --parts c \
+            --backends cuda --budget 280 --row-limit 250 --out "$JOB/hostpool" ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;

@@ -118,3 +118,32 @@ def test_cache_can_be_cleared_and_turned_off(tmp_path):
     (s.cache_root / "xla" / "entry").write_text("x")
     assert runtime.clear_cache(s) == [s.cache_root / "xla"]
     assert not (s.cache_root / "xla").exists()
+
+
+def test_host_pool_sizing(tmp_path):
+    """BOLTZMANN_HOST_THREADS: parsed (a bad value names what to give) and applied before JAX's
+    backends exist — in a fresh process: XLA:CPU starts fewer threads, the process keeps its CPU
+    affinity, and a later call changes nothing."""
+    from boltzmann import runtime
+
+    assert runtime.Settings.from_environment({}).host_threads is None
+    assert runtime.Settings.from_environment({"BOLTZMANN_HOST_THREADS": "1"}).host_threads == 1
+    with pytest.raises(ValueError, match="positive integer"):
+        runtime.Settings.from_environment({"BOLTZMANN_HOST_THREADS": "many"})
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs and sched_setaffinity")
+    child = (
+        "import json, os, sys; from boltzmann import runtime; "
+        "before = sorted(os.sched_getaffinity(0)); n = int(sys.argv[1]); "
+        "sized = runtime.size_host_pool(n) if n else None; import jax; jax.devices(); "
+        "print(json.dumps({'sized': sized, 'again': runtime.size_host_pool(1), "
+        "'affinity_kept': sorted(os.sched_getaffinity(0)) == before, "
+        "'threads': len(os.listdir('/proc/self/task'))}))")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = {n: json.loads(subprocess.run([sys.executable, "-c", child, str(n)], env=env,
+                                        capture_output=True, text=True, check=True,
+                                        cwd=str(Path(__file__).parents[1])).stdout)
+           for n in (0, 1)}
+    assert out[1]["sized"] is True and out[1]["again"] is False
+    assert out[1]["affinity_kept"] and out[0]["affinity_kept"]
+    assert out[1]["threads"] < out[0]["threads"]
