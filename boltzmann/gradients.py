@@ -58,6 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from solver import sec_weight
 from solver.backends.registry import resolve_backend
 
 from . import derived as derived_mod
@@ -123,14 +124,14 @@ class PowerSpectrumFunction:
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
                  rtol: float | None = None, atol: float | None = None,
                  n_chunks: int | None = None,
-                 sensitivity_error_control: bool = True, with_sigma8: bool = True,
+                 sensitivity_error_control: bool | float = True, with_sigma8: bool = True,
                  backend: str = "jax", z_background=None,
                  derived: Sequence[str] = DERIVED_OUTPUTS):
         require_float64()
         self.config = config
         self.backend = backend
         self.last_stage_seconds = None   # the last jacobian()'s wall seconds per stage
-        self.sensitivity_error_control = bool(sensitivity_error_control)
+        self.sensitivity_error_control = sec_weight(sensitivity_error_control)
         self._map = ParameterMap(config.cosmology, parameters)
         self.parameters = self._map.names
         prec = config.precision

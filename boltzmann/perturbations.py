@@ -233,7 +233,7 @@ def _start_times(x0, idx):
 
 
 def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="jax",
-                sensitivity_error_control: bool = True, max_steps: int = MAX_STEPS,
+                sensitivity_error_control: bool | float = True, max_steps: int = MAX_STEPS,
                 weights=None):
     """States (C·K, n_save, n) of every mode at ``modes.save_times(z)``, traceable and
     differentiable in (table, rows, y0) through ``solver.solve_diff``; ``chunks``: index arrays
@@ -251,7 +251,7 @@ def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="j
 
 
 def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model, *, rtol, atol,
-                              chunks, backend="jax", sensitivity_error_control: bool = True,
+                              chunks, backend="jax", sensitivity_error_control: bool | float = True,
                               max_steps: int = MAX_STEPS, weights=None):
     """(states (C·K, n_save, n), their tangents (m, C·K, n_save, n)) along m input tangents
     (leading axis m on dtable, drows, dy0): ``solve_modes``'s derivative by
@@ -280,7 +280,7 @@ def transfers_of_states(ys, rows, table, k, z, model) -> dict:
 
 
 def differentiable_transfers(table, cosmos, k, z, x0, model, grid, *, rtol, atol, chunks,
-                             backend="jax", sensitivity_error_control: bool = True,
+                             backend="jax", sensitivity_error_control: bool | float = True,
                              max_steps: int = MAX_STEPS) -> dict:
     """{name: (C, Z, K)} transfer functions as a traceable function of ``table`` and ``cosmos``:
     ``mode_inputs`` → ``solve_modes`` → ``transfers_of_states``.

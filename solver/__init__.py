@@ -18,11 +18,13 @@ from .caches import Cache, clear_caches
 from .method.controller import PIDController
 from .persisted import set_program_store
 from .method.tableau import RODAS5P, RosenbrockTableau
+from .problem.sensitivity_spec import sec_weight
 from .problem.solution import Solution
 from .problem.status import Status, describe
 from .sensitivity import grad_by_forward_mode, joint_solve, solve_diff, solve_with_tangents
 
 __all__ = ["solve", "solve_diff", "joint_solve", "solve_with_tangents", "grad_by_forward_mode",
+           "sec_weight",
            "Solution", "Status", "describe", "PIDController", "RODAS5P", "RosenbrockTableau", "Backend", "JaxBackend",
            "CudaBackend", "CudaBackendUnavailable", "cuda_available", "pick_backend", "Cache",
            "clear_caches", "set_program_store"]

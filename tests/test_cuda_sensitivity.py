@@ -101,6 +101,11 @@ def test_emulated_bilinear_step_count_exact_joint_jacobian():
     assert np.all(off.n_accepted[:, 0] == plain.n_accepted[0])
     assert np.all(off.n_rejected[:, 0] == plain.n_rejected[0])
     np.testing.assert_array_equal(off.ys, plain.ys)
+    # a weight of 0.1: the sensitivities controlled at rtol / 0.1, steps between off and on
+    tenth = sensitivity_emulated(ROBERTSON.rhs, y0, BILINEAR_TS, k, dparams=dp,
+                                 sensitivity_error_control=0.1, **tol)
+    assert np.all(off.n_accepted <= tenth.n_accepted) and np.all(tenth.n_accepted <= r.n_accepted)
+    assert tenth.n_accepted.sum() < r.n_accepted.sum()
     # and the tangents agree with the JAX backend's joint solve of all three directions
     _, dys, info = joint_solve(ROBERTSON.rhs, y0, BILINEAR_TS, k, dparams=dp, **tol)
     assert info["status"][0] == Status.OK

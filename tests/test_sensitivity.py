@@ -202,6 +202,19 @@ def test_joint_step_count_close_to_plain_on_bilinear_problem():
     _, _, info_off = joint_solve(ROBERTSON.rhs, y0, ts, k, dparams=dp,
                                  sensitivity_error_control=False, **tol)
     assert info_off["n_accepted"][0] == plain.n_accepted[0]
+    # a weight between: the sensitivities controlled at rtol / weight, so the steps fall between
+    # (and the weights 1 and 0 are True and False)
+    steps = {}
+    for w in (1.0, 0.1, 0.0):
+        ys_w, dys_w, info_w = joint_solve(ROBERTSON.rhs, y0, ts, k, dparams=dp,
+                                          sensitivity_error_control=w, **tol)
+        steps[w] = int(info_w["n_accepted"][0])
+        if w == 1.0:
+            np.testing.assert_array_equal(dys_w, dys)
+    assert steps[1.0] == info["n_accepted"][0] and steps[0.0] == plain.n_accepted[0]
+    assert steps[0.0] < steps[0.1] < steps[1.0], steps
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        joint_solve(ROBERTSON.rhs, y0, ts, k, dparams=dp, sensitivity_error_control=2.0, **tol)
 
 
 # --- an undifferentiated call never builds or runs the joint system ---------------------------

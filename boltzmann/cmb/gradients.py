@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from solver import solve, solve_with_tangents
+from solver import sec_weight, solve, solve_with_tangents
 
 from .. import modes
 from ..perturbations import mode_inputs
@@ -80,7 +80,7 @@ class ClFunction:
     def __init__(self, config, *, parameters: Sequence[str] | None = None, l_max=None,
                  spectra=None, lensing=None, sampling: ClSampling = ClSampling(),
                  backend="jax", direction_block: int = 2, max_steps: int = 200_000,
-                 sensitivity_error_control: bool = True):
+                 sensitivity_error_control: bool | float = True):
         require_float64()
         out = config.output
         self.l_out = int(getattr(out, "l_max", 2500) if l_max is None else l_max)
@@ -100,7 +100,7 @@ class ClFunction:
         self.backend = backend
         self.rtol, self.atol = min(sampling.rtol, prec.rtol), prec.atol
         self.max_steps = int(max_steps)
-        self.sensitivity_error_control = bool(sensitivity_error_control)
+        self.sensitivity_error_control = sec_weight(sensitivity_error_control)
         self.direction_block = max(1, int(direction_block))
         self.l_max = input_l_max(self.l_out) if self.lensing else self.l_out
         self.with_pp = "PP" in self.spectra

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SensitivitySpec"]
+__all__ = ["SensitivitySpec", "sec_weight"]
+
+
+def sec_weight(sensitivity_error_control) -> float:
+    """``sensitivity_error_control`` as the sensitivities' weight in the error norm: True = 1
+    (controlled as the state is), False = 0 (not controlled: the plain solve's steps), a number
+    in (0, 1) = controlled at relative tolerance rtol / weight."""
+    w = float(sensitivity_error_control)
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"sensitivity_error_control={sensitivity_error_control!r}: give True, "
+                         "False or a weight between 0 and 1 (the sensitivities are then "
+                         "controlled at rtol / weight)")
+    return w
 
 
 class SensitivitySpec:
@@ -17,7 +29,8 @@ class SensitivitySpec:
 
     ``backend`` is the resolved backend object; ``treedef`` / ``leaf_meta`` ((shape, dtype) per
     leaf) describe ``args``; ``sens_atol`` is the absolute tolerance of the sensitivities and
-    ``sec`` whether they take part in step-size control; ``jacobian`` is "exact" or the JAX
+    ``sec`` the weight of the sensitivities in the step-size control (``sec_weight``: 0 = out
+    of it, 1 = as the state, between = at tolerances 1/sec looser); ``jacobian`` is "exact" or the JAX
     backend's diagnostic "block_diagonal".
     """
 
@@ -31,7 +44,7 @@ class SensitivitySpec:
         self.atol = np.asarray(atol, np.float64)
         self.weights = np.asarray(weights, np.float64)
         self.sens_atol = np.asarray(sens_atol, np.float64)
-        self.sec = bool(sec)
+        self.sec = sec_weight(sec)
         self.max_steps = int(max_steps)
         self.sparsity = sparsity
         self.linear_solver, self.tableau, self.ctrl = linear_solver, tableau, ctrl

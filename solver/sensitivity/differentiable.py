@@ -91,7 +91,7 @@ def _make_diff_fn(cfg):
 
 def solve_diff(rhs: Callable, y0, t_save, params, *, args=None, rtol: float = 1e-6,
                atol=1e-9, t0=None, t_end=None, error_weights=None,
-               sensitivity_error_control: bool = True, sensitivity_atol=None,
+               sensitivity_error_control: bool | float = True, sensitivity_atol=None,
                max_steps: int = 100_000, **solve_kwargs):
     """Differentiable ensemble solve: returns ``ys`` (N, m_save, n), as ``solve(...).ys``.
 
@@ -105,7 +105,8 @@ def solve_diff(rhs: Callable, y0, t_save, params, *, args=None, rtol: float = 1e
     sensitivity_error_control: include the sensitivities in the step-size control (True,
         default; the steps then also resolve the sensitivities, so the derivative is accurate to
         about the tolerance) or not (False; the joint solve takes the plain solve's steps, cheaper,
-        but the derivative's error is not controlled — see docs/gradients.md).
+        but the derivative's error is not controlled — see docs/gradients.md); a number w in
+        (0, 1) is their weight in the error norm: they are controlled at rtol / w (and atol / w).
     sensitivity_atol: absolute tolerance of the sensitivity components (default: atol).
     Failed trajectories give NaN (as ``solve``'s ys); check ``solve(...).failures()`` if in doubt.
     """
@@ -117,7 +118,7 @@ def solve_diff(rhs: Callable, y0, t_save, params, *, args=None, rtol: float = 1e
 
 def joint_solve(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None, dargs=None,
                 args=None, rtol: float = 1e-6, atol=1e-9, t0=None, t_end=None,
-                error_weights=None, sensitivity_error_control: bool = True,
+                error_weights=None, sensitivity_error_control: bool | float = True,
                 sensitivity_atol=None, max_steps: int = 100_000, **solve_kwargs):
     """Eager joint solve for explicit directions (diagnostics, docs, tests).
 
@@ -160,7 +161,7 @@ def _explicit_directions(caller, rhs, y0, t_save, params, args, dy0, dparams, da
 
 def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None,
                         dargs=None, args=None, rtol: float = 1e-6, atol=1e-9, t0=None,
-                        t_end=None, error_weights=None, sensitivity_error_control: bool = True,
+                        t_end=None, error_weights=None, sensitivity_error_control: bool | float = True,
                         sensitivity_atol=None, max_steps: int = 100_000, **solve_kwargs):
     """Traceable values and directional derivatives of the solve: ``(ys, dys)``, ys (N, ns, n)
     and dys (m, N, ns, n) along the tangents dy0 (m, N, n), dparams (m, N, P), dargs (args' tree

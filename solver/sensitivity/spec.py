@@ -12,7 +12,7 @@ from ..caches import Cache
 from ..method.controller import PIDController
 from ..method.tableau import RODAS5P
 from ..problem.inputs import check_options, require_x64, validate_traceable
-from ..problem.sensitivity_spec import SensitivitySpec
+from ..problem.sensitivity_spec import SensitivitySpec, sec_weight
 
 __all__ = ["prepare", "CudaSensitivityUnavailable", "SOLVE_KWARGS"]
 
@@ -53,7 +53,7 @@ def _spec(rhs, n, P, args, rtol, atol, error_weights, sens_atol, sec, max_steps,
     jacobian = kw.get("_jacobian", "exact")
     linear_solver = kw.get("linear_solver", "auto")
     key = (rhs, n, P, args is not None, treedef, leaf_meta, float(rtol), atol_a.tobytes(),
-           w.tobytes(), sa.tobytes(), bool(sec), int(max_steps),
+           w.tobytes(), sa.tobytes(), sec_weight(sec), int(max_steps),
            None if sp is None else sp.tobytes(), linear_solver, tab.name, ctrl, fs_key, jacobian,
            backend)
     spec = SPECS.get(key)

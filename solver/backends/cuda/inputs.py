@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...problem.inputs import validate_inputs
+from ...problem.sensitivity_spec import sec_weight
 from .tables import args_array
 
 __all__ = ["kernel_inputs", "prepare", "sens_inputs", "check_lookup_p", "sens_outputs",
@@ -84,7 +85,7 @@ def sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol, s
         raise ValueError("sensitivity_atol must be positive")
     inp.update(s0=np.ascontiguousarray(s0), dparams=np.ascontiguousarray(dp),
                dargs=np.ascontiguousarray(da), atol_s=np.ascontiguousarray(atol_s, np.float64),
-               weights_s=np.ascontiguousarray(inp["weights"] if sec else np.zeros(n)), m=m)
+               weights_s=np.ascontiguousarray(inp["weights"] * sec_weight(sec)), m=m)
     return inp
 
 

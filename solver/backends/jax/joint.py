@@ -222,9 +222,9 @@ def joint_run(spec, mask, y0, params, args_leaves, ts, t0, te, dy0, dp, dargs, s
     z0 = jnp.concatenate([y0, s0], axis=1)
     q = jnp.concatenate([params, dq], axis=1)
     A = (tuple(args_leaves), tuple(jnp.asarray(d, jnp.float64) for d in dargs))
-    if spec.sec:
+    if spec.sec > 0.0:
         scale = np.sqrt(1.0 + m)
-        w = np.concatenate([spec.weights] * (1 + m)) * scale
+        w = np.concatenate([spec.weights] + [spec.weights * spec.sec] * m) * scale
     else:
         w = np.concatenate([spec.weights, np.zeros(n * m)])
     atol = np.concatenate([spec.atol] + [spec.sens_atol] * m)
