@@ -145,7 +145,7 @@ def size_host_pool(n_threads: int) -> bool:
     Why: on an accelerator the host CPU still runs the tables' node-to-node loop for a few
     cosmologies — thousands of tiny operations — and XLA:CPU hands them to a pool with a thread
     per CPU. On a 16-core host that costs more than the arithmetic: one cosmology's tables took
-    105 ms there and 42 ms with the process on one core (docs/benchmarks.md, H200 2026-12-04).
+    2.5x longer there than with the process on one core (docs/benchmarks.md, host tables).
     XLA sizes the pool from the process's CPU affinity when the backends are created, so the
     affinity is narrowed for that moment and restored at once (threads created meanwhile keep
     the narrow set).

@@ -224,7 +224,8 @@ def test_jacobian_matches_class_finite_differences(exact):
 
 
 def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
-    """``sensitivity_error_control`` and ``backend`` are handed to solve_diff."""
+    """``sensitivity_error_control`` (as its weight, False = 0) and ``backend`` are handed to
+    solve_diff."""
     import jax
     import jax.numpy as jnp
 
@@ -240,7 +241,7 @@ def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
     fn = PowerSpectrumFunction(_config(1e-5), parameters=("h",), n_chunks=1, with_sigma8=False,
                                sensitivity_error_control=False, backend="jax")
     jax.eval_shape(fn._evaluate, fn.theta0)  # a trace reaches solve_diff; nothing runs
-    assert seen["sensitivity_error_control"] is False  # the non-default value arrives
+    assert seen["sensitivity_error_control"] == 0.0  # the non-default value arrives, as a weight
     assert seen["backend"] == "jax"
 
 
