@@ -114,8 +114,9 @@ class PowerSpectrumFunction:
     the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves (default:
     1 on the CUDA backend, whose solves run in turn, each as long as its slowest mode;
     ``perturbations.N_CHUNKS_JAX`` lock-step solves on the JAX backend),
-    ``with_sigma8=False`` drops σ8 and its extra modes, ``sensitivity_error_control`` and
-    ``backend`` ("jax", "cuda" or "auto") are passed to ``solve_diff`` (docs/gradients.md).
+    ``with_sigma8=False`` drops σ8 and its extra modes, ``sensitivity_error_control`` (True = 1,
+    False = 0 or a weight in between; default: the precision's ``sensitivity_error_weight``)
+    and ``backend`` ("jax", "cuda" or "auto") are passed to ``solve_diff`` (docs/gradients.md).
     """
 
     #: step limit of each mode's solve
@@ -124,13 +125,16 @@ class PowerSpectrumFunction:
     def __init__(self, config, *, parameters: Sequence[str] = PARAMETERS, k=None, z=None,
                  rtol: float | None = None, atol: float | None = None,
                  n_chunks: int | None = None,
-                 sensitivity_error_control: bool | float = True, with_sigma8: bool = True,
+                 sensitivity_error_control: bool | float | None = None,
+                 with_sigma8: bool = True,
                  backend: str = "jax", z_background=None,
                  derived: Sequence[str] = DERIVED_OUTPUTS):
         require_float64()
         self.config = config
         self.backend = backend
         self.last_stage_seconds = None   # the last jacobian()'s wall seconds per stage
+        if sensitivity_error_control is None:
+            sensitivity_error_control = config.precision.sensitivity_error_weight
         self.sensitivity_error_control = sec_weight(sensitivity_error_control)
         self._map = ParameterMap(config.cosmology, parameters)
         self.parameters = self._map.names

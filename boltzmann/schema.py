@@ -132,6 +132,11 @@ PRECISION_TABLE: dict[str, Key] = {
                                "weight of delta_b and theta_b in the solver's error norm of the "
                                "P(k) modes (0.03: 42% fewer steps at 10 h/Mpc than weight 1, "
                                "delta_m within 2e-5 of a converged solve; 0 moves P by 4e-4)"),
+    "sensitivity_error_weight": Key("float", 0.1, Interval(0.0, 1.0), "-",
+                                    "weight of the P(k) derivatives' sensitivities in the solver's "
+                                    "error norm (controlled at rtol / weight; 0.1: half the steps "
+                                    "of weight 1 at 10 h/Mpc, dlnP within 7e-5 of each parameter's "
+                                    "scale; 0 leaves tau_reio's 5e-2 off)"),
     "l_max_g": Key("int", 20, Interval(4, 200), "-",
                    "photon temperature hierarchy truncation"),
     "l_max_pol_g": Key("int", 15, Interval(4, 200), "-",

@@ -15,9 +15,10 @@
     (``boltzmann.gradients_batch.PowerSpectrumBatch``: C·K modes × directions in one CUDA
     launch; CUDA rows only), with its fiducial row against the single-cosmology Jacobian.
     With both backends it prints their agreement: per parameter, max |∂ln P_cuda - ∂ln P_jax|
-    over the Jacobian's largest |∂ln P/∂θ| (the tests' bound is 1e-4). ``--grad-sec both``
-    adds rows with sensitivity error control off (the threads take the plain solve's steps) and
-    the SEC-off Jacobian's difference from the SEC-on one in the same units. The CUDA row's note
+    over the Jacobian's largest |∂ln P/∂θ| (the tests' bound is 1e-4). The rows use the config's
+    sensitivity error weight; ``--grad-sec`` picks others (``both``: 1 and 0, the latter's
+    threads taking the plain solve's steps, and the SEC-off Jacobian's difference from the
+    SEC-on one in the same units). The CUDA row's note
     gives the launches' steps and kernel seconds, and which (k, parameter) the slowest
     sensitivity thread integrated: a launch lasts as long as that thread.
 
@@ -67,6 +68,7 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+from solver import sec_weight  # noqa: E402
 from solver.cost import TRANSCENDENTAL_FLOPS, work_estimate  # noqa: E402
 
 #: H200 SXM fp64 peaks [FLOP/s] (NVIDIA datasheet): vector units, and DMMA tensor cores
@@ -592,7 +594,7 @@ def run_grad(args, report, budget, cfg, dead):
                  "value | batch of B: warm [s] | value+Jacobian per s | note |")
     report.print("|---|---|---|---|---|---|---|")
     dlnp = {}   # (backend, SEC) -> ∂ln P_m/∂θ at the fiducial (n_z, n_k, n_θ)
-    secs = {"on": (True,), "off": (False,), "both": (True, False)}[args.grad_sec]
+    secs = _sec_weights(args.grad_sec, cfg)
     for b in [b for b in args.backends if b in ("cuda", "jax")]:
         for sec in secs:
             key = f"grad:{b}"
@@ -611,15 +613,33 @@ def run_grad(args, report, budget, cfg, dead):
             else:
                 dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec,
                                          args.device_inputs)
-            if not sec:
-                row["backend"] += " (SEC off)"
+            if sec != 1.0:
+                row["backend"] += " (SEC off)" if sec == 0.0 else f" (SEC weight {sec:g})"
             report.row("grad", row, _grad_line(row))
-    _agreement_line(report, "grad_sec_off_vs_on", "CUDA, SEC off vs SEC on, same units",
-                    dlnp.get(("cuda", False)), dlnp.get(("cuda", True)), names)
+    for b in ("cuda", "jax"):
+        for sec in secs[1:]:
+            _agreement_line(report, f"grad_sec_{sec:g}_vs_{secs[0]:g}" + ("_jax" if b == "jax"
+                                                                           else ""),
+                            f"{b.upper()}, SEC weight {sec:g} vs {secs[0]:g}, same units",
+                            dlnp.get((b, sec)), dlnp.get((b, secs[0])), names)
     _agreement_line(report, "grad_agreement",
                     "CUDA vs JAX ∂ln P_m/∂θ, max |difference| over k and z / the JAX "
                     "Jacobian's largest |∂ln P/∂θ| for that parameter",
                     dlnp.get(("cuda", secs[0])), dlnp.get(("jax", secs[0])), names)
+
+
+def _sec_weights(choice: str, cfg) -> tuple:
+    """The sensitivity error weights of (d)'s rows: "config" (the precision's
+    ``sensitivity_error_weight``), "on" (1), "off" (0), "both" (1 and 0) or numbers, comma-separated."""
+    named = {"config": (float(cfg.precision.sensitivity_error_weight),), "on": (1.0,),
+             "off": (0.0,), "both": (1.0, 0.0)}
+    if choice in named:
+        return named[choice]
+    try:
+        return tuple(sec_weight(float(w)) for w in choice.split(","))
+    except ValueError as err:
+        raise SystemExit(f"--grad-sec {choice!r}: give config, on, off, both or weights in [0, 1] "
+                         f"separated by commas ({err})") from None
 
 
 def _agreement_line(report, key, title, got, ref, names):
@@ -644,7 +664,10 @@ def _grad_row(row, backend, cfg, names, batch, budget, sec=True, device_inputs=F
     from boltzmann.gradients import PowerSpectrumFunction
 
     try:
-        fn = PowerSpectrumFunction(cfg, parameters=names, n_chunks=1, backend=solver_backend(backend),
+        # the default chunks: one solve on CUDA (threads are independent), lock-step chunks
+        # sorted by k on the JAX backend (one chunk would run every mode for the slowest one's
+        # steps: about twice the warm Jacobian on the 2-core CPU)
+        fn = PowerSpectrumFunction(cfg, parameters=names, backend=solver_backend(backend),
                                    sensitivity_error_control=sec)
 
         def value():
@@ -814,9 +837,10 @@ def build_parser():
                          "first, as they matter most; any of a, b, c, d)")
     ap.add_argument("--grad-batch", type=int, default=64,
                     help="(d) cosmologies in the batched value-and-Jacobian row (1: skip it)")
-    ap.add_argument("--grad-sec", choices=("on", "off", "both"), default="on",
-                    help="(d) sensitivity error control of the Jacobian rows (both: a row each, "
-                         "and their difference; docs/gradients.md)")
+    ap.add_argument("--grad-sec", default="config",
+                    help="(d) sensitivity error weight of the Jacobian rows: config (the "
+                         "precision's sensitivity_error_weight), on (1), off (0), both (a row each "
+                         "and their difference) or weights, e.g. 1,0.1,0 (docs/gradients.md)")
     ap.add_argument("--device-inputs", action="store_true",
                     help="(d): also time the value and Jacobian with their inputs stage on the GPU "
                          "instead of the host CPU")

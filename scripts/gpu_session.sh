@@ -6,7 +6,7 @@
 #              XLA:CPU's Eigen threads off
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
-#   d          bench_gpu part d: the Jacobian ratio with SEC on and off (GRAD_SEC, default both),
+#   d          bench_gpu part d: the Jacobian ratio at sensitivity error weights (GRAD_SEC, default 1,0.1,0),
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
@@ -56,7 +56,7 @@ for s in ${STEPS:-cb d first_run profile}; do
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
     d)
         step bench_d 600 python scripts/bench_gpu.py --parts d --backends cuda --budget 560 \
-            --row-limit 500 --grad-sec "${GRAD_SEC:-both}" --grad-batch "${GRAD_BATCH:-64}" \
+            --row-limit 500 --grad-sec "${GRAD_SEC:-1,0.1,0}" --grad-batch "${GRAD_BATCH:-64}" \
             --out "$JOB/d" ;;
     first_run)
         rm -rf "$CACHE"

@@ -82,9 +82,23 @@ def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
     assert seen == [("cuda", True), ("cuda", False), ("jax", True), ("jax", False)]
     assert [r["backend"] for r in report.data["grad"]] == ["cuda", "cuda (SEC off)", "jax",
                                                            "jax (SEC off)"]
-    assert max(report.data["grad_sec_off_vs_on"].values()) == pytest.approx(1e-3)
+    assert max(report.data["grad_sec_0_vs_1"].values()) == pytest.approx(1e-3)
     assert "|" not in bench._short("a | b", 260)
     assert max(report.data["grad_agreement"].values()) == pytest.approx(1e-6, rel=1e-4)
+
+
+def test_grad_sec_choices(bench):
+    """(d)'s sensitivity error weights: the config's by default, the named pairs, a list of
+    numbers; a weight outside [0, 1] or a word is refused with what to give."""
+    from boltzmann.params import load_config
+
+    cfg = load_config("lcdm_reduced")
+    assert bench._sec_weights("config", cfg) == (cfg.precision.sensitivity_error_weight,)
+    assert bench._sec_weights("both", cfg) == (1.0, 0.0)
+    assert bench._sec_weights("1,0.1,0", cfg) == (1.0, 0.1, 0.0)
+    for bad in ("2", "sometimes"):
+        with pytest.raises(SystemExit, match="weights in"):
+            bench._sec_weights(bad, cfg)
 
 
 def test_launch_note_names_the_slowest_thread(bench):

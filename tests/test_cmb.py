@@ -5,6 +5,7 @@ Default tests: Bessel table, line-of-sight integrals of analytic sources, the Sa
 plateau of the C_ℓ integral, the ℓ spline, the observables the sources use, configuration and
 cl.csv. ``-m slow``: the full chain against CLASS for ℓ ≤ 2500.
 """
+import dataclasses
 import math
 from pathlib import Path
 
@@ -151,6 +152,29 @@ def test_line_of_sight_of_analytic_sources():
                 (ell + 2) * (ell + 1) * ell * (ell - 1))
             assert float(tr.T[il, ik]) == pytest.approx(want_t, rel=1e-5, abs=1e-8)
             assert float(tr.E[il, ik]) == pytest.approx(want_e, rel=1e-5, abs=1e-10)
+
+
+def test_line_of_sight_groups_do_not_change_the_transfers():
+    """The multipoles are integrated in groups (with φ for ℓ ≤ l_limber, without it up to
+    l_late, early times only above): where a multipole falls changes only what is computed
+    for it — Δ^T, Δ^E of every ℓ are the same whatever l_limber is, and Δ^φ of an ℓ ≤ l_limber
+    is the same whichever group held it; l_limber above l_late is refused."""
+    k_src = np.linspace(0.01, 0.2, 12)
+    src = _gaussian_sources(k_src)
+    src = dataclasses.replace(src, phi=src.t0 * 0.3)
+    ells = np.array([2, 10, 60, 200])
+    k = np.array([0.02, 0.07, 0.15])
+    table = bessel.BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0, dx=0.05)
+    trs = [transfer_functions(src, ells, k, table, l_late=100, late_cut_tau=500.0, l_limber=lim)
+           for lim in (2, 10, 60)]
+    for tr in trs[1:]:
+        np.testing.assert_allclose(np.asarray(tr.T), np.asarray(trs[0].T), rtol=1e-13, atol=0)
+        np.testing.assert_allclose(np.asarray(tr.E), np.asarray(trs[0].E), rtol=1e-13, atol=0)
+    assert [tr.ells_p.tolist() for tr in trs] == [[2], [2, 10], [2, 10, 60]]
+    np.testing.assert_allclose(np.asarray(trs[2].P)[:2], np.asarray(trs[1].P), rtol=1e-13)
+    assert float(np.abs(np.asarray(trs[2].P)).max()) > 0.0
+    with pytest.raises(ValueError, match="l_limber must not exceed l_late"):
+        transfer_functions(src, ells, k, table, l_late=10, l_limber=60)
 
 
 def test_sachs_wolfe_plateau():

@@ -243,6 +243,13 @@ def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
     jax.eval_shape(fn._evaluate, fn.theta0)  # a trace reaches solve_diff; nothing runs
     assert seen["sensitivity_error_control"] == 0.0  # the non-default value arrives, as a weight
     assert seen["backend"] == "jax"
+    # without the argument the precision's sensitivity_error_weight is the weight
+    for cfg, want in ((_config(1e-5), 0.1),
+                      (_config(1e-5, {"sensitivity_error_weight": 0.5}), 0.5)):
+        seen.clear()
+        fn = PowerSpectrumFunction(cfg, parameters=("h",), n_chunks=1, with_sigma8=False)
+        jax.eval_shape(fn._evaluate, fn.theta0)
+        assert seen["sensitivity_error_control"] == want
 
 
 @pytest.mark.slow  # ~2 min on 2 cores: outside the default run, which must stay under 20 min

@@ -92,21 +92,25 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
         n_cut = int(np.searchsorted(np.asarray(src.x), -np.log(31.0))) + 1
     else:
         n_cut = int(np.searchsorted(np.asarray(src.tau), late_cut_tau)) + 1
-    low = np.nonzero(ells <= l_late)[0]
+    if np.count_nonzero(ells <= l_limber) > np.count_nonzero(ells <= l_late):
+        raise ValueError("l_limber must not exceed l_late")
+    # three groups: every τ with φ (ℓ ≤ l_limber), every τ without it, early τ only (ℓ > l_late)
+    with_p = np.nonzero(ells <= l_limber)[0]
+    low = np.nonzero((ells > l_limber) & (ells <= l_late))[0]
     high = np.nonzero(ells > l_late)[0]
     T = jnp.zeros((ells.size, k.size))
     E = jnp.zeros((ells.size, k.size))
     P = None
-    ells_p = ells[ells <= l_limber]
+    ells_p = ells[with_p]
+    if with_p.size:
+        t, e, P = _integrate(table, with_p, x, w, fine, True)
+        T, E = T.at[with_p].set(t), E.at[with_p].set(e)
     if low.size:
-        t, e, p = _integrate(table, low, x, w, fine, True)
+        t, e, _ = _integrate(table, low, x, w, fine, False)
         T, E = T.at[low].set(t), E.at[low].set(e)
-        P = p[: ells_p.size]
     if high.size:
         cut = {name: v[:, :n_cut] for name, v in fine.items()}
         w_cut = trapezoid(tau[:n_cut])
         t, e, _ = _integrate(table, high, x[:, :n_cut], w_cut, cut, False)
         T, E = T.at[high].set(t), E.at[high].set(e)
-    if ells_p.size > low.size:
-        raise ValueError("l_limber must not exceed l_late")
     return Transfers(ells=ells, k=np.asarray(k), T=T, E=E, ells_p=ells_p, P=P)
