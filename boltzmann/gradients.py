@@ -60,6 +60,7 @@ import numpy as np
 
 from solver import sec_weight
 from solver.backends.registry import resolve_backend
+from solver.persisted import PersistedProgram
 
 from . import derived as derived_mod
 from . import distances, modes
@@ -181,10 +182,30 @@ class PowerSpectrumFunction:
         #: kernel-launch latency on a GPU (boltzmann.tables.HOST_TABLES_MAX); None: the default
         self.inputs_on_host = host_cpu() is not None
         self._jit_background = jax.jit(self._background_at)
-        # the Jacobian as three programs, chained by explicit tangents (``jacobian``)
-        self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)
-        self._jit_solve_jvp = jax.jit(self._solve_and_tangents)
-        self._jit_outputs_jvp = jax.jit(self._outputs_and_tangents)
+        # the Jacobian as three programs, chained by explicit tangents (``jacobian``); their
+        # traced forms persisted (solver.persisted) when a program store is set: a later
+        # process skips tracing them (~20 s on the CPU for configs/lcdm.yaml, docs/benchmarks.md)
+        self._construction = (repr(config), tuple(self.parameters), self.k.tobytes(),
+                              tuple(self.z), self.z_background.tobytes(), tuple(self.derived),
+                              self.rtol, self.atol, self.sensitivity_error_control,
+                              bool(with_sigma8), n_chunks)
+        self._jit_inputs_jvp = self._persisted(self._inputs_and_tangents, "inputs")
+        self._jit_solve_jvp = self._persisted(self._solve_and_tangents, "solve")
+        self._jit_outputs_jvp = self._persisted(self._outputs_and_tangents, "outputs")
+
+    def _persisted(self, method, stage: str) -> PersistedProgram:
+        """``jax.jit(method)``, persisted under a key of everything the constructor was given
+        (with the project's code, which ``PersistedProgram`` adds): two objects built alike trace
+        the same program. Not keyed (plain jit): a backend given as an object (its options are
+        not in the key) and the CUDA backend's solve, whose host callback cannot be exported."""
+        def parts():
+            if not isinstance(self.backend, str):
+                raise TypeError("backend object: its options are not part of the key")
+            if stage == "solve" and self.backend_name != "jax":
+                raise TypeError("the sensitivity solve's host callback is not exportable")
+            return ("boltzmann.gradients", type(self).__name__, stage, self.backend_name,
+                    self.MAX_STEPS, *self._construction)
+        return PersistedProgram(method, parts, name=f"gradients.{stage}")
 
     @property
     def backend_name(self) -> str:

@@ -173,26 +173,44 @@ class PersistedProgram:
         self._programs: dict = {}
 
     def __call__(self, *args):
-        store = _store
-        if store is None:
+        program, leaves = self._program_for(args)
+        if program is self._jit:
             return self._jit(*args)
+        return program(*leaves)
+
+    def prepare(self, *args) -> str:
+        """Find or build the program for arguments like ``args`` without running it: "loaded"
+        (from the store), "exported" (traced now and stored), "kept" (this object built it
+        before) or "plain" (plain jit: no store, tracers, an unkeyable function or a failed
+        export)."""
+        before = dict(STATS)
+        program, _ = self._program_for(args)
+        if program is self._jit:
+            return "plain"
+        return "loaded" if STATS["loaded"] > before["loaded"] else "exported" \
+            if STATS["exported"] > before["exported"] else "kept"
+
+    def _program_for(self, args):
+        """(the callable for ``args``' signature — ``self._jit`` when not persisted —, the flat
+        argument leaves)."""
+        store = _store
         leaves, treedef = jax.tree_util.tree_flatten(args)
+        if store is None:
+            return self._jit, leaves
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             STATS["plain"] += 1
-            return self._jit(*args)
+            return self._jit, leaves
         sig = _signature(leaves, treedef)
         if sig is None:
             STATS["plain"] += 1
-            return self._jit(*args)
+            return self._jit, leaves
         platform = _platform(leaves)
         slot = (str(store), platform, sig[0])
         program = self._programs.get(slot)
         if program is None:
             program = self._build(store, platform, sig, treedef)
             self._programs[slot] = program
-        if program is self._jit:
-            return self._jit(*args)
-        return program(*leaves)
+        return program, leaves
 
     def clear(self) -> None:
         """Forget the loaded programs (a later call reads the store again)."""

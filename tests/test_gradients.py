@@ -252,6 +252,40 @@ def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
         assert seen["sensitivity_error_control"] == want
 
 
+def test_jacobian_programs_are_persisted(tmp_path):
+    """With a program store the Jacobian's three programs are exported on first use and a second
+    object built alike loads them (no tracing); another sensitivity weight is another key, and
+    the CUDA solve stage (a host callback) is never exported. Tracing only: nothing compiles."""
+    import jax
+    import jax.numpy as jnp
+
+    from solver import set_program_store
+
+    def build(**kw):
+        return PowerSpectrumFunction(_config(1e-5), parameters=("h", "omega_cdm"),
+                                     k=np.array([0.01, 0.1]), n_chunks=1, with_sigma8=False,
+                                     z_background=(), derived=(), **kw)
+
+    def prepare(fn):
+        theta = fn.theta0
+        (table, rows, y0, bg), (dtable, drows, dy0, dbg) = jax.tree_util.tree_map(
+            lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn._inputs_and_tangents, theta))
+        return (fn._jit_inputs_jvp.prepare(theta),
+                fn._jit_solve_jvp.prepare(table, rows, y0, dtable, drows, dy0))
+
+    set_program_store(tmp_path)
+    try:
+        assert prepare(build()) == ("exported", "exported")
+        assert prepare(build()) == ("loaded", "loaded")
+        assert prepare(build(sensitivity_error_control=1.0)) == ("exported", "exported")
+        cuda = build(backend="cuda")
+        assert cuda._jit_solve_jvp._digest_of_parts() is None      # not keyed: plain jit
+        assert cuda._jit_inputs_jvp._digest_of_parts() is not None
+    finally:
+        set_program_store(None)
+    assert len(list(tmp_path.iterdir())) == 4
+
+
 @pytest.mark.slow  # ~2 min on 2 cores: outside the default run, which must stay under 20 min
 def test_sensitivity_problem_reproduces_the_jacobian(exact):
     """``PowerSpectrumFunction.sensitivity_problem`` hands out the solve that ``jacobian``
