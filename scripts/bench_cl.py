@@ -52,22 +52,28 @@ def time_ours(config, backend: str, runs: int) -> list[dict]:
     return rows
 
 
-def time_gradients(config, backend, runs: int, parameters, sampling) -> dict:
-    """First and warm wall times of ``ClFunction``'s value and Jacobian calls."""
+def time_gradients(config, backend, runs: int, parameters, sampling, sec=None,
+                   keep: dict | None = None) -> dict:
+    """First and warm wall times of ``ClFunction``'s value and Jacobian calls (``sec``: its
+    ``sensitivity_error_control``, None for the default); ``keep``, a dict, receives the last
+    Jacobian's arrays."""
     import jax
 
     from boltzmann.cmb.gradients import ClFunction
 
     t0 = time.perf_counter()
-    f = ClFunction(config, parameters=parameters, sampling=sampling, backend=backend)
+    kw = {} if sec is None else {"sensitivity_error_control": sec}
+    f = ClFunction(config, parameters=parameters, sampling=sampling, backend=backend, **kw)
     out = {"setup_s": time.perf_counter() - t0, "parameters": list(f.parameters),
            "modes": int(f.plan.k.size), "samples": int(f.plan.x.size), "value_s": [],
            "jacobian_s": []}
     for key, call in (("value_s", f), ("jacobian_s", f.jacobian)):
         for i in range(runs):
             t0 = time.perf_counter()
-            jax.block_until_ready(call())
+            res = jax.block_until_ready(call())
             out[key].append(time.perf_counter() - t0)
+            if keep is not None and key == "jacobian_s":
+                keep.update({f"d_{name}": np.asarray(v) for name, v in res[1].items()})
             print(f"{key[:-2]} {i + 1}: {out[key][-1]:.3f} s", flush=True)
     return out
 
@@ -108,6 +114,9 @@ def main(argv=None):
     parser.add_argument("--l-max", type=int, default=None, help="override output.l_max")
     parser.add_argument("--lensing", choices=("on", "off"), default=None,
                         help="override output.lensing")
+    parser.add_argument("--sec-weight", type=float, default=None,
+                        help="(--gradients) ClFunction's sensitivity error weight (default: its "
+                             "own; docs/gradients.md); --out also gets the Jacobian as .npz")
     parser.add_argument("--coarser", type=float, default=1.0,
                         help="ClSampling().coarser(FACTOR) (1: the default sampling)")
     args = parser.parse_args(argv)
@@ -171,8 +180,11 @@ def _gradients_report(args, config, backend) -> None:
     from boltzmann.cmb.sampling import ClSampling
 
     sampling = ClSampling() if args.coarser == 1.0 else ClSampling().coarser(args.coarser)
-    g = time_gradients(config, backend, args.runs, args.parameters, sampling)
-    result = dict(_header(args, config), coarser=args.coarser, gradients=g)
+    jac = {}
+    g = time_gradients(config, backend, args.runs, args.parameters, sampling, args.sec_weight,
+                       jac)
+    result = dict(_header(args, config), coarser=args.coarser, sec_weight=args.sec_weight,
+                  gradients=g)
     warm_v = min(g["value_s"][1:] or g["value_s"])
     warm_j = min(g["jacobian_s"][1:] or g["jacobian_s"])
     print(f"\n{args.config}, backend {args.backend} on {result['device']}, {result['date']}: "
@@ -187,6 +199,7 @@ def _gradients_report(args, config, backend) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_cl_gradients.json").write_text(json.dumps(result, indent=1,
                                                                      default=str))
+        np.savez(args.out / "bench_cl_jacobian.npz", parameters=np.array(g["parameters"]), **jac)
 
 
 if __name__ == "__main__":
