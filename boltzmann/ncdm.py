@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.hermite import hermite
+from models.hermite import hermite_interp
 
 from solver.caches import Cache
 
@@ -173,11 +173,8 @@ def background_integrals(mass_ratio):
     small = m <= m_lo
     large = m >= m_hi
     u = xp.log(xp.clip(m, m_lo, m_hi))          # every branch sees a finite, safe argument
-    cell = xp.clip(xp.floor((u - _U_MIN) / _U_STEP).astype(np.int32), 0, u_nodes.size - 2)
-    t = (u - (_U_MIN + _U_STEP * cell)) / _U_STEP
-    table = [xp.exp(hermite(t, _U_STEP, xp.asarray(vals[j])[cell], xp.asarray(ders[j])[cell],
-                            xp.asarray(vals[j])[cell + 1], xp.asarray(ders[j])[cell + 1]))
-             for j in range(2)]
+    table = [xp.exp(hermite_interp(xp.asarray(u_nodes), xp.asarray(vals[j]), xp.asarray(ders[j]),
+                                   u, xp=xp)) for j in range(2)]
     m_s = xp.where(small, m, m_lo)
     m2 = m_s * m_s
     series_small = (mom["wq"] + 0.5 * m2 * mom["w/q"], mom["wq"] / 3.0 - m2 * mom["w/q"] / 6.0)

@@ -14,7 +14,8 @@ cubic is written down:
   RHS of models/eb.py inlines it instead of calling a function.
 
 The functions are written with plain arithmetic operators, so they run unchanged on Python floats,
-numpy and jax arrays (traced or not); the array helpers that need an array library use jax.numpy.
+numpy and jax arrays (traced or not); the array helpers that need an array library use jax.numpy
+(``hermite_interp`` takes the module as an argument).
 """
 from __future__ import annotations
 
@@ -29,15 +30,16 @@ def hermite(t, dx, f0, d0, f1, d1):
             + (-2.0 * t3 + 3.0 * t2) * f1 + (t3 - t2) * dx * d1)
 
 
-def hermite_interp(x_nodes, values, derivs, x):
+def hermite_interp(x_nodes, values, derivs, x, xp=jnp):
     """Cubic Hermite interpolation on a uniform grid (values and first derivatives at nodes).
 
     Outside the grid the end cells extrapolate (the cell index is clipped).  The fractional
-    position is measured from the cell's own node, (x - x_i)/h.
+    position is measured from the cell's own node, (x - x_i)/h.  ``xp``: the array module of
+    the inputs (numpy for host arithmetic on plain numbers; the arrays must be of that module).
     """
-    x = jnp.asarray(x)
+    x = xp.asarray(x)
     h = x_nodes[1] - x_nodes[0]
-    i = jnp.clip(jnp.floor((x - x_nodes[0]) / h).astype(jnp.int32), 0, x_nodes.shape[0] - 2)
+    i = xp.clip(xp.floor((x - x_nodes[0]) / h).astype(xp.int32), 0, x_nodes.shape[0] - 2)
     s = (x - x_nodes[i]) / h
     return hermite(s, h, values[i], derivs[i], values[i + 1], derivs[i + 1])
 

@@ -222,11 +222,10 @@ def joint_run(spec, mask, y0, params, args_leaves, ts, t0, te, dy0, dp, dargs, s
     z0 = jnp.concatenate([y0, s0], axis=1)
     q = jnp.concatenate([params, dq], axis=1)
     A = (tuple(args_leaves), tuple(jnp.asarray(d, jnp.float64) for d in dargs))
-    if spec.sec > 0.0:
-        scale = np.sqrt(1.0 + m)
-        w = np.concatenate([spec.weights] + [spec.weights * spec.sec] * m) * scale
-    else:
-        w = np.concatenate([spec.weights, np.zeros(n * m)])
+    # the sensitivity blocks at the weight sec; with any of them in the norm, every block is
+    # scaled by √(1+m) (docs/gradients.md, SEC); with none, y's norm is the plain solve's
+    scale = np.sqrt(1.0 + m) if spec.sec > 0.0 else 1.0
+    w = np.concatenate([spec.weights] + [spec.weights * spec.sec] * m) * scale
     atol = np.concatenate([spec.atol] + [spec.sens_atol] * m)
     res = plan.run(z0, t0, te, ts, q, A, jnp.float64(spec.rtol), jnp.asarray(atol),
                    jnp.asarray(w), h0(spec, N))
