@@ -2,14 +2,15 @@
 """Where the line of sight's time goes: configs/planck_cl.yaml's sources for a lensed run to
 ℓ = 2500 (unlensed input to ``lensing.input_l_max(2500)``), then each part of
 ``line_of_sight.transfer_functions`` timed alone, waiting for its arrays: the spline of the sources
-onto the transfer k grid, the ℓ ≤ l_late group (every τ, with φ) and the ℓ > l_late group (τ up
-to z = 30).
+onto the transfer k grid, Δ^T and Δ^E of the ℓ ≤ l_late group (every τ) and of the ℓ > l_late
+group (τ up to z = 30), each over its k window, and Δ^φ for ℓ ≤ l_limber on its coarser k grid.
 
-    python scripts/profile_line_of_sight.py [--backend jax] [--repeat 2]
+    python scripts/profile_line_of_sight.py [--backend jax] [--repeat 2] [--k-window-extra 0.25]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from boltzmann import modes, runtime
 from boltzmann.cmb import line_of_sight as los
 from boltzmann.cmb.bessel import BesselTable
 from boltzmann.cmb.lensing import input_l_max
-from boltzmann.cmb.sampling import ClSampling, multipoles, transfer_wavenumbers
+from boltzmann.cmb.sampling import (ClSampling, multipoles, transfer_wavenumbers,
+                                    transfer_window)
 from boltzmann.cmb.sources import compute_sources
 from boltzmann.ensemble import stack_cosmologies
 from boltzmann.params import load_config
@@ -35,38 +37,52 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", default="jax", choices=("jax", "cuda", "auto"))
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--l-late", type=int, default=400)
+    parser.add_argument("--l-limber", type=int, default=100)
+    parser.add_argument("--k-window-extra", type=float, default=ClSampling().k_window_extra,
+                        help="ClSampling.k_window_extra [1/Mpc]; 0: no window")
     args = parser.parse_args(argv)
     runtime.configure(runtime.Settings.from_environment())
     cfg = load_config(REPO / "configs" / "planck_cl.yaml")
     cosmos = stack_cosmologies([cfg.cosmology])
     model = modes.model_for(cfg.cosmology, cfg.precision)
     tables = compute_tables(cosmos, modes.make_grid(cfg.precision), model)
-    l_max, sampling = input_l_max(2500), ClSampling()
+    l_max = input_l_max(2500)
+    sampling = dataclasses.replace(ClSampling(), k_window_extra=args.k_window_extra or None)
     src = compute_sources(tables, cosmos, cfg.precision, model, l_max, sampling=sampling,
                           lensing_modes=True, backend=args.backend)
     ells = multipoles(l_max, sampling)
     k = transfer_wavenumbers(src.k[:src.n_cmb], src.tau0, sampling)
     table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
+    window = transfer_window(ells, k, src.tau0 - src.tau_rec,
+                             src.tau0 - float(np.asarray(src.tau)[0]), sampling)
     tau = jnp.asarray(src.tau)
+    chi, kj = src.tau0 - tau, jnp.asarray(k)
     low, high = np.nonzero(ells <= args.l_late)[0], np.nonzero(ells > args.l_late)[0]
+    with_p = np.nonzero(ells <= args.l_limber)[0]
+    ip = window.phi_indices(k.size)
     n_cut = int(np.searchsorted(np.asarray(src.x), -np.log(31.0))) + 1
-    print(f"{ells.size} multipoles to {l_max}, {k.size} transfer k, {tau.size} times "
+    print(f"{ells.size} multipoles to {l_max}, {k.size} transfer k (widest window "
+          f"{int(np.max(window.hi - window.lo))}, Δ^φ on {ip.size}), {tau.size} times "
           f"({n_cut} before z = 30)")
-    print("| run | sources onto k | ℓ ≤ l_late (every τ, with φ) | ℓ > l_late (τ to z = 30) |")
-    print("|---|---|---|---|")
+    print("| run | sources onto k | ℓ ≤ l_late: T, E (every τ) | ℓ > l_late: T, E (τ to z = 30) "
+          "| ℓ ≤ l_limber: φ |")
+    print("|---|---|---|---|---|")
     for run in range(args.repeat):
         t0 = time.perf_counter()
         fine = jax.block_until_ready(los.fine_sources(src, k))
         t1 = time.perf_counter()
-        x = jnp.asarray(k)[:, None] * (src.tau0 - tau)[None, :]
-        jax.block_until_ready(los._integrate(table, low, x, los.trapezoid(tau), fine, True))
+        jax.block_until_ready(los._window_rows(table, *los._grouped(low, window, k.size), kj,
+                                               chi, los.trapezoid(tau), fine))
         t2 = time.perf_counter()
         cut = {name: v[:, :n_cut] for name, v in fine.items()}
-        jax.block_until_ready(los._integrate(table, high, x[:, :n_cut],
-                                             los.trapezoid(tau[:n_cut]), cut, False))
+        jax.block_until_ready(los._window_rows(table, *los._grouped(high, window, k.size), kj,
+                                               chi[:n_cut], los.trapezoid(tau[:n_cut]), cut))
         t3 = time.perf_counter()
+        jax.block_until_ready(los._phi_rows(table, with_p, kj[ip][:, None] * chi[None, :],
+                                            los.trapezoid(tau), fine["phi"][ip]))
+        t4 = time.perf_counter()
         print(f"| {run + 1} | {t1 - t0:.2f} s | {t2 - t1:.2f} s ({low.size} ℓ) | "
-              f"{t3 - t2:.2f} s ({high.size} ℓ) |")
+              f"{t3 - t2:.2f} s ({high.size} ℓ) | {t4 - t3:.2f} s ({with_p.size} ℓ) |")
     return 0
 
 

@@ -19,8 +19,8 @@ from boltzmann import output
 from boltzmann.cmb import ClSpectra
 from boltzmann.cmb import bessel
 from boltzmann.cmb.line_of_sight import Transfers, transfer_functions
-from boltzmann.cmb.sampling import (ClSampling, multipoles, source_wavenumbers,
-                                    transfer_wavenumbers)
+from boltzmann.cmb.sampling import (ClSampling, TransferWindow, multipoles,
+                                    source_wavenumbers, transfer_wavenumbers, transfer_window)
 from boltzmann.cmb.sources import SourceGrid
 from boltzmann.cmb.spectra import cl_from_transfers, ell_spline_matrix
 from boltzmann.params import ConfigError, load_config
@@ -175,6 +175,55 @@ def test_line_of_sight_groups_do_not_change_the_transfers():
     assert float(np.abs(np.asarray(trs[2].P)).max()) > 0.0
     with pytest.raises(ValueError, match="l_limber must not exceed l_late"):
         transfer_functions(src, ells, k, table, l_late=10, l_limber=60)
+
+
+def test_windowed_transfers_are_the_whole_ones_on_each_window():
+    """A multipole's Δ^T, Δ^E integrated over its window of the k grid equal the whole grid's
+    there and are zero elsewhere (whatever the widest window of its group); Δ^φ on every
+    third wavenumber (and the last) equals the whole grid's on those."""
+    src = _gaussian_sources(np.linspace(0.01, 0.2, 12))
+    src = dataclasses.replace(src, phi=src.t0 * 0.3)
+    ells = np.array([2, 10, 60, 100])
+    k = np.linspace(0.012, 0.19, 40)
+    table = bessel.BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0, dx=0.05)
+    window = TransferWindow(lo=np.array([0, 5, 12, 28]), hi=np.array([10, 30, 25, 36]),
+                            phi_stride=3)
+    kw = dict(l_late=100, late_cut_tau=500.0, l_limber=60)
+    whole = transfer_functions(src, ells, k, table, **kw)
+    part = transfer_functions(src, ells, k, table, window=window, **kw)
+    for il in range(ells.size):
+        inside = np.zeros(k.size, bool)
+        inside[window.lo[il]:window.hi[il]] = True
+        for name in ("T", "E"):
+            got, want = np.asarray(getattr(part, name))[il], np.asarray(getattr(whole, name))[il]
+            np.testing.assert_allclose(got[inside], want[inside], rtol=1e-13, atol=0)
+            assert np.all(got[~inside] == 0.0) and np.any(want[~inside] != 0.0)
+    ip = window.phi_indices(k.size)
+    assert ip[0] == 0 and ip[-1] == k.size - 1 and np.max(np.diff(ip)) == 3
+    np.testing.assert_array_equal(part.k_p, k[ip])
+    np.testing.assert_allclose(np.asarray(part.P), np.asarray(whole.P)[:, ip], rtol=1e-13)
+    with pytest.raises(ValueError, match="one entry per multipole"):
+        transfer_functions(src, ells, k, table, window=TransferWindow.whole(3, k.size), **kw)
+
+
+def test_transfer_window_bounds():
+    """The window starts where j_ℓ(kχ) is still negligible at the largest distance χ_max and
+    ends at the first k beyond ℓ/χ_rec + k_window_extra; without the extra it is the whole grid
+    up from the turning point; at the default sampling it is well under half the grid."""
+    tau0, chi_rec, chi_max = 14175.0, 13895.0, 13945.0
+    k = transfer_wavenumbers(source_wavenumbers(4000, tau0, 145.0), tau0)
+    ells = multipoles(4000)
+    win = transfer_window(ells, k, chi_rec, chi_max)
+    for il in range(0, ells.size, 10):
+        if win.lo[il] > 0:
+            assert abs(spherical_jn(int(ells[il]), k[win.lo[il]] * chi_max)) < 1e-10
+        top = ells[il] / chi_rec + ClSampling().k_window_extra
+        assert k[win.hi[il] - 1] <= top and (win.hi[il] == k.size or k[win.hi[il]] > top)
+    assert np.max(win.hi - win.lo) < 0.5 * k.size
+    assert win.phi_stride == ClSampling().phi_k_stride
+    no_cap = transfer_window(ells, k, chi_rec, chi_max,
+                             dataclasses.replace(ClSampling(), k_window_extra=None))
+    assert np.all(no_cap.hi == k.size) and np.array_equal(no_cap.lo, win.lo)
 
 
 def test_sachs_wolfe_plateau():

@@ -3,8 +3,9 @@
 ``BesselTable.build(ells, x_max, dx)`` tabulates j_ℓ and j_ℓ' (j_ℓ = √(π/2x) J_{ℓ+½}(x) with
 scipy.special.jv, whose uniform asymptotic expansions cost O(1) per value at large ℓ) on
 the uniform grid x_i = i·dx for each sampled ℓ; ``values(table, il, x)`` returns j_ℓ, j_ℓ', j_ℓ''
-and j_ℓ/x² at any x ≥ 0 by cubic Hermite interpolation (j from j and j'; j' from j' and j'',
-where j'' comes from Bessel's equation at the nodes), and j'' from Bessel's equation at x:
+and j_ℓ/x² (``j_only``: j_ℓ alone) at any x ≥ 0 by cubic Hermite interpolation (j from j and
+j'; j' from j' and j'', where j'' comes from Bessel's equation at the nodes), and j'' from
+Bessel's equation at x:
 
     j'' = -(2/x) j' - (1 - ℓ(ℓ+1)/x²) j.
 
@@ -36,7 +37,7 @@ from scipy.special import jv
 
 from solver.caches import Cache
 
-__all__ = ["BesselTable", "values", "turning_point", "X_BUCKET"]
+__all__ = ["BesselTable", "values", "j_only", "turning_point", "X_BUCKET"]
 
 #: ``BesselTable.cached`` rounds x_max up to a multiple of this (the table is then at most
 #: this much longer than needed)
@@ -153,26 +154,38 @@ def _second_derivative(ell, x, j, dj):
     return jnp.where(x > 1e-6, d2, jnp.where(ell == 2, 2.0 / 15.0, 0.0))
 
 
+def _cells(table: BesselTable, il, x):
+    """(t, h, j0, j1, d0, d1, x0): the table cell each x falls in and its node values."""
+    jrow, drow = table.j[il], table.dj[il]
+    n = jrow.shape[0]
+    u = x / table.dx
+    i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, n - 2)
+    return u - i, table.dx, jrow[i], jrow[i + 1], drow[i], drow[i + 1], i * table.dx
+
+
+def _hermite(t):
+    t2 = t * t
+    t3 = t2 * t
+    return 2 * t3 - 3 * t2 + 1, t3 - 2 * t2 + t, -2 * t3 + 3 * t2, t3 - t2
+
+
+def j_only(table: BesselTable, il, x):
+    """j_ℓ(x) alone (the lensing potential's integral needs no derivatives); 0 past x_max."""
+    t, h, j0, j1, d0, d1, _ = _cells(table, il, x)
+    h00, h10, h01, h11 = _hermite(t)
+    j = h00 * j0 + h10 * h * d0 + h01 * j1 + h11 * h * d1
+    return jnp.where(x <= table.x_max, j, 0.0)
+
+
 def values(table: BesselTable, il, x):
     """(j_ℓ, j_ℓ', j_ℓ'', j_ℓ/x²) at x (any shape, x ≥ 0) for the table's il-th multipole.
 
     Past the table's end (x > x_max) every value is 0 (callers keep x inside)."""
     ell = jnp.asarray(table.ells)[il].astype(jnp.float64)
-    jrow, drow = table.j[il], table.dj[il]
-    n = jrow.shape[0]
-    u = x / table.dx
-    i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, n - 2)
-    t = u - i
-    j0, j1 = jrow[i], jrow[i + 1]
-    d0, d1 = drow[i], drow[i + 1]
-    x0 = i * table.dx
-    x1 = x0 + table.dx
+    t, h, j0, j1, d0, d1, x0 = _cells(table, il, x)
     dd0 = _second_derivative(ell, x0, j0, d0)
-    dd1 = _second_derivative(ell, x1, j1, d1)
-    h = table.dx
-    t2 = t * t
-    t3 = t2 * t
-    h00, h10, h01, h11 = 2 * t3 - 3 * t2 + 1, t3 - 2 * t2 + t, -2 * t3 + 3 * t2, t3 - t2
+    dd1 = _second_derivative(ell, x0 + h, j1, d1)
+    h00, h10, h01, h11 = _hermite(t)
     j = h00 * j0 + h10 * h * d0 + h01 * j1 + h11 * h * d1
     dj = h00 * d0 + h10 * h * dd0 + h01 * d1 + h11 * h * dd1
     d2j = _second_derivative(ell, x, j, dj)

@@ -6,11 +6,14 @@ A sampling is converged when refining it changes the spectra by much less than t
 asked of them: what a refinement changes is (to leading order) the sampling error left in the
 coarser run. The refinements are ``ClSampling.refined``: every k step halved (``k``), every τ step
 halved (``tau``), twice the sampled multipoles (``ell``), or all three at once (``all``).
+``whole_k`` is not a refinement of a step: every multipole over the whole transfer k grid (no
+``transfer_window``) and Δ^φ on every wavenumber, which measures what the windows leave out.
 """
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -20,7 +23,7 @@ __all__ = ["VARIANTS", "RANGES", "refined_sampling", "convergence_table", "max_c
 
 #: refinement factors (k, τ, ℓ) of each variant
 VARIANTS = {"all": (2.0, 2.0, 2.0), "k": (2.0, 1.0, 1.0), "tau": (1.0, 2.0, 1.0),
-            "ell": (1.0, 1.0, 2.0)}
+            "ell": (1.0, 1.0, 2.0), "whole_k": None}
 #: ℓ ranges of the accuracy table (docs/cmb.md); PP's target starts at ℓ = 10
 RANGES = ((2, 29), (30, 500), (501, 1500), (1501, 2000), (2001, 2500))
 
@@ -31,6 +34,8 @@ def refined_sampling(variant: str, base: ClSampling = ClSampling()) -> ClSamplin
         return base
     if variant not in VARIANTS:
         raise ValueError(f"unknown refinement {variant!r}; choose from {', '.join(VARIANTS)}")
+    if VARIANTS[variant] is None:
+        return replace(base, k_window_extra=None, phi_k_stride=1)
     k, tau, ell = VARIANTS[variant]
     return base.refined(k=k, tau=tau, ell=ell)
 

@@ -53,7 +53,7 @@ from ..theta import ParameterMap, available_parameters, one
 from .bessel import BesselTable
 from .lensing import input_l_max, lensed_spectra
 from .line_of_sight import transfer_functions
-from .sampling import ClSampling, multipoles, transfer_wavenumbers
+from .sampling import ClSampling, multipoles, transfer_wavenumbers, transfer_window
 from .sources import (SourceGrid, error_weights, evaluate_sources, source_background,
                       source_plan, source_program)
 from .stage import L_LATE, L_LIMBER, check_request, every_ell, sampled_spectra
@@ -114,6 +114,9 @@ class ClFunction:
         self.plan = plan
         self.ells = multipoles(self.l_max, sampling)
         self.k_transfer = transfer_wavenumbers(plan.k[:plan.n_cmb], plan.tau0_fid, sampling)
+        tau_rec_fid = float(np.interp(plan.x_rec, plan.x, plan.tau_fid))
+        self.window = transfer_window(self.ells, self.k_transfer, plan.tau0_fid - tau_rec_fid,
+                                      plan.tau0_fid - float(plan.tau_fid[0]), sampling)
         self.bessel = BesselTable.cached(
             self.ells, X_MARGIN * float(self.k_transfer[-1] * plan.tau0_fid) + 1.0)
         self._bessel_rows = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj))
@@ -179,7 +182,7 @@ class ClFunction:
                          tau_rec=bg["tau_rec"], t0=srcs[0], t1=srcs[1], t2=srcs[2], e=srcs[3],
                          phi=srcs[4], status=None, n_accepted=None, n_cmb=plan.n_cmb)
         tr = transfer_functions(src, self.ells, self.k_transfer, table, l_late=L_LATE,
-                                l_limber=self.l_limber)
+                                l_limber=self.l_limber, window=self.window)
         sampled = sampled_spectra(tr, src, prim["A_s"], prim["n_s"], prim["k_pivot"],
                                   T_cmb=prim["T_cmb"], l_limber=self.l_limber,
                                   with_pp=self.with_pp, tau_fid=plan.tau_fid,

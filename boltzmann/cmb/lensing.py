@@ -24,9 +24,10 @@ unlensed C_ℓ, so the quadrature's error touches the small lensing correction o
 
 Wigner d^ℓ_{mm'} come from the three-term recurrence in ℓ, started at ℓ = max(|m|, |m'|) from
 the explicit sum. The three sums over ℓ (deflection correlations, lensed correlation
-functions, back-transform) are each one ``jax.lax.scan`` over ℓ carrying d^ℓ and d^{ℓ-1} of the
-twelve pairs at every angle: compiled once per (ℓ_in, l_max, n_β), traceable (derivatives of
-the lensed spectra flow through it) and on the GPU when JAX runs there.
+functions, back-transform) are each one ``jax.lax.scan`` over ℓ carrying d^ℓ and d^{ℓ-1} at
+every angle of the pairs the pass uses (two, twelve and four): compiled once per (ℓ_in, l_max,
+n_β), traceable (derivatives of the lensed spectra flow through it) and on the GPU when JAX runs
+there.
 """
 from __future__ import annotations
 
@@ -105,21 +106,23 @@ def recurrence_coefficients(l_top: int):
     return A1, A0, B, is_start
 
 
-def _scan_d(beta, l_top, step, init):
-    """Run ``carry = step(carry, ell, d)`` over ℓ = 0..l_top, d = {pair: d^ℓ_pair(β)}; returns
-    the final carry and the stacked per-ℓ outputs of ``step``. ``beta``: host angles."""
+def _scan_d(beta, l_top, step, init, pairs=PAIRS):
+    """Run ``carry = step(carry, ell, d)`` over ℓ = 0..l_top, d = {pair: d^ℓ_pair(β)} for the
+    ``pairs`` (a subset of PAIRS: each pass carries only the ones it uses); returns the final
+    carry and the stacked per-ℓ outputs of ``step``. ``beta``: host angles."""
     beta = np.asarray(beta, np.float64)
-    A1, A0, B, is_start = (jnp.asarray(a) for a in recurrence_coefficients(l_top))
+    cols = np.asarray([PAIRS.index(pair) for pair in pairs])
+    A1, A0, B, is_start = (jnp.asarray(a[:, cols]) for a in recurrence_coefficients(l_top))
     x = jnp.asarray(np.cos(beta))
-    start = jnp.asarray(np.stack([wigner_d_start(m, mp, beta) for m, mp in PAIRS]))
-    zeros = jnp.zeros((len(PAIRS), beta.shape[0]))
+    start = jnp.asarray(np.stack([wigner_d_start(m, mp, beta) for m, mp in pairs]))
+    zeros = jnp.zeros((len(pairs), beta.shape[0]))
 
     def body(state, row):
         prev, cur, carry = state
         ell, a1, a0, b, st = row
         new = jnp.where(st[:, None], start, (a1[:, None] * x + a0[:, None]) * cur
                         - b[:, None] * prev)
-        d = {pair: new[i] for i, pair in enumerate(PAIRS)}
+        d = {pair: new[i] for i, pair in enumerate(pairs)}
         carry, out = step(carry, ell, d)
         return (cur, new, carry), out
 
@@ -128,19 +131,26 @@ def _scan_d(beta, l_top, step, init):
     return carry, outs
 
 
-def _x_functions(ell, s, pre):
-    """The X functions of the module docstring at multipole ``ell`` (traced) for s = σ²/4."""
+def _x_functions(ell, s, pre, shifts):
+    """The X functions of the module docstring at multipole ``ell`` (traced) for s = σ²/4;
+    ``shifts``: {c: e^{c s}} (``_shifts``), so that each X is e^{-ℓ(ℓ+1)s} times a
+    factor computed once for all ℓ: one exponential per ℓ and angle instead of eight."""
     L = ell * (ell + 1.0)
     x000 = jnp.exp(-L * s)
-    x022 = jnp.exp(-(L - 5.0) * s)
+    x022 = x000 * shifts[5.0]
     return {
         "000": x000, "d000": -0.25 * L * x000,
-        "220": pre["220"][ell] * jnp.exp(-(L - 2.0) * s),
+        "220": pre["220"][ell] * x000 * shifts[2.0],
         "022": x022, "d022": -0.25 * (L - 5.0) * x022,
-        "121": pre["121"][ell] * jnp.exp(-(L - 8.0 / 3.0) * s),
-        "132": pre["132"][ell] * jnp.exp(-(L - 20.0 / 3.0) * s),
-        "242": pre["242"][ell] * jnp.exp(-(L - 10.0) * s),
+        "121": pre["121"][ell] * x000 * shifts[8.0 / 3.0],
+        "132": pre["132"][ell] * x000 * shifts[20.0 / 3.0],
+        "242": pre["242"][ell] * x000 * shifts[10.0],
     }
+
+
+def _shifts(s) -> dict:
+    """{c: e^{c s}} for the constants c the X functions use (``_x_functions``)."""
+    return {c: jnp.exp(c * s) for c in (2.0, 5.0, 8.0 / 3.0, 20.0 / 3.0, 10.0)}
 
 
 def _prefactors(l_top: int) -> dict:
@@ -169,13 +179,14 @@ def _lensed(tt, ee, te, pp, *, l_max: int, n_beta: int):
         cgl, cgl2 = carry
         return (cgl + a[ell] * d[(1, 1)], cgl2 + a[ell] * d[(1, -1)]), None
 
-    (cgl, c2), _ = _scan_d(beta, l_in, deflection, (zero, zero))
+    (cgl, c2), _ = _scan_d(beta, l_in, deflection, (zero, zero), ((1, 1), (1, -1)))
     s = 0.25 * (jnp.sum(a) - cgl)
     pre = _prefactors(l_in)
+    shifts = _shifts(s)
 
     # pass 2: lensed minus unlensed correlation functions
     def correlations(dxi, ell, d):
-        X = _x_functions(ell, s, pre)
+        X = _x_functions(ell, s, pre, shifts)
         L = ell * (ell + 1.0)
         Ls = jnp.where(ell >= 2, L, 1.0)
         xi_t = (X["000"] ** 2 - 1.0) * d[(0, 0)] + 8.0 / Ls * c2 * X["d000"] ** 2 \
@@ -204,7 +215,7 @@ def _lensed(tt, ee, te, pp, *, l_max: int, n_beta: int):
         return carry, jnp.stack([wd[0] @ d[(0, 0)], wd[1] @ d[(2, 2)], wd[2] @ d[(2, -2)],
                                  wd[3] @ d[(2, 0)]])
 
-    _, out = _scan_d(beta, l_max, harmonic, 0.0)
+    _, out = _scan_d(beta, l_max, harmonic, 0.0, ((0, 0), (2, 2), (2, -2), (2, 0)))
     sl = slice(2, l_max + 1)
     T, P, M, X = (out[sl, i] for i in range(4))
     return {"TT": tt[sl] + T, "EE": ee[sl] + 0.5 * (P + M), "BB": 0.5 * (P - M),

@@ -13,6 +13,11 @@ Three grids, chosen once per run on the host (numerical choices, held fixed unde
   that; log-spaced below the point where the log step would exceed it.  Sources are carried
   from the source grid to this grid by a cubic spline in ln k (a fixed matrix,
   ``spline_matrix``).
+* ``transfer_window`` — which of those wavenumbers each multipole integrates: from the Bessel
+  turning point (j_ℓ(kχ) vanishes below it at every distance χ of the sources) to
+  ℓ/χ_rec + ``k_window_extra`` (above it the sources' projection onto j_ℓ is damped: the part of
+  each C_ℓ's k integral beyond is measured in docs/cmb.md, Sampling), and the stride of the
+  coarser k grid of the lensing potential's Δ^φ_ℓ(k), which is smooth in k.
 * ``source_times`` — conformal times of the sources: a fine uniform step through recombination
   (where the visibility lives and the sources oscillate fastest), then a step growing
   geometrically up to a maximum step for the late ISW and reionisation.
@@ -25,8 +30,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.interpolate import CubicSpline
 
-__all__ = ["ClSampling", "multipoles", "source_wavenumbers", "transfer_wavenumbers",
-           "lensing_wavenumbers",
+from .bessel import turning_point
+
+__all__ = ["ClSampling", "TransferWindow", "multipoles", "source_wavenumbers",
+           "transfer_wavenumbers", "transfer_window", "lensing_wavenumbers",
            "source_times", "spline_matrix", "trapezoid_weights"]
 
 
@@ -50,6 +57,8 @@ class ClSampling:
     k_lensing_max, k_lensing_per_decade: with the lensing potential, extra modes beyond the CMB
     grid up to this k [1/Mpc], for Limber's k = (ℓ + ½)/χ at small distances χ.
     q_step: step of the transfer k grid in units of 2π/τ0; q_log_per_decade: its log part.
+    k_window_extra: Δ^T_ℓ, Δ^E_ℓ are integrated up to k = ℓ/χ_rec + this [1/Mpc] (None: the whole
+    grid); phi_k_stride: Δ^φ_ℓ on every this-th transfer wavenumber.
     tau_step_rec: conformal-time step [Mpc] through recombination, up to tau_fine_end · τ_rec;
     tau_growth: growth factor of the step after that; tau_step_max: the largest step [Mpc].
     visibility_start: sources start where the visibility g is this fraction of its maximum.
@@ -73,6 +82,8 @@ class ClSampling:
     k_lensing_per_decade: float = 12.0
     q_step: float = 0.125
     q_log_per_decade: float = 160.0
+    k_window_extra: float | None = 0.25
+    phi_k_stride: int = 3
     tau_step_rec: float = 1.5
     tau_fine_end: float = 2.5
     tau_growth: float = 1.02
@@ -94,6 +105,7 @@ class ClSampling:
             k_lensing_max=self.k_lensing_max,
             k_lensing_per_decade=self.k_lensing_per_decade / factor,
             q_step=self.q_step * factor, q_log_per_decade=self.q_log_per_decade / factor,
+            k_window_extra=self.k_window_extra, phi_k_stride=self.phi_k_stride,
             tau_step_rec=self.tau_step_rec * factor, tau_fine_end=self.tau_fine_end,
             tau_growth=1.0 + (self.tau_growth - 1.0) * factor,
             tau_step_max=self.tau_step_max * factor, visibility_start=self.visibility_start,
@@ -188,6 +200,42 @@ def transfer_wavenumbers(k_source: np.ndarray, tau0: float,
     k = _log_then_linear(k_source[0], k_source[-1], s.q_log_per_decade,
                          s.q_step * 2.0 * math.pi / tau0)
     return np.clip(k, k_source[0], k_source[-1])
+
+
+@dataclass(frozen=True)
+class TransferWindow:
+    """Per sampled ℓ, the transfer-grid indices [lo, hi) over which Δ^T_ℓ, Δ^E_ℓ are integrated
+    (zero outside), and ``phi_stride``: Δ^φ_ℓ is computed on k[::phi_stride] (and the last k)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+    phi_stride: int = 1
+
+    @classmethod
+    def whole(cls, n_ells: int, n_k: int) -> "TransferWindow":
+        """Every wavenumber for every multipole."""
+        return cls(lo=np.zeros(n_ells, np.int64), hi=np.full(n_ells, n_k, np.int64))
+
+    def phi_indices(self, n_k: int) -> np.ndarray:
+        """Indices of the Δ^φ grid in the transfer grid of ``n_k`` wavenumbers."""
+        return np.unique(np.r_[np.arange(0, n_k, self.phi_stride), n_k - 1])
+
+
+def transfer_window(ells, k: np.ndarray, chi_rec: float, chi_max: float,
+                    s: ClSampling = ClSampling()) -> TransferWindow:
+    """The window of each multipole (module docstring) for sources at distances up to
+    ``chi_max`` [Mpc] with the last scattering at ``chi_rec``; host values of the fiducial
+    cosmology (a window is held fixed under derivatives, like the grids)."""
+    ells = np.asarray(ells, np.float64)
+    # 2 % below the turning point at the largest distance: the Bessel table holds zeros there
+    lo = np.searchsorted(k, 0.98 * turning_point(ells) / chi_max, side="right") - 1
+    if s.k_window_extra is None:
+        hi = np.full(ells.shape, k.size)
+    else:
+        hi = np.searchsorted(k, ells / chi_rec + s.k_window_extra, side="right")
+    lo = np.clip(lo, 0, k.size - 1).astype(np.int64)
+    hi = np.clip(hi, lo + 1, k.size).astype(np.int64)
+    return TransferWindow(lo=lo, hi=hi, phi_stride=max(1, int(s.phi_k_stride)))
 
 
 def spline_matrix(k_from: np.ndarray, k_to: np.ndarray) -> np.ndarray:

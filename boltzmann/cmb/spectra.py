@@ -75,13 +75,16 @@ def _lnk_weights(k):
 
 def cl_from_transfers(tr, A_s, n_s, k_pivot, *, T_cmb) -> dict:
     """{TT, EE, TE: (L_s,) [μK²], PP: (L_P,)} on the sampled ℓ of ``tr`` (line_of_sight.Transfers)."""
-    k = jnp.asarray(tr.k)
-    weight = 4.0 * math.pi * _lnk_weights(tr.k) * primordial_curvature_power(k, A_s, n_s, k_pivot)
+    def weight(k):
+        return 4.0 * math.pi * _lnk_weights(k) * primordial_curvature_power(
+            jnp.asarray(k), A_s, n_s, k_pivot)
+
+    w = weight(tr.k)
     t2 = (T_cmb * 1e6) ** 2
-    out = {"TT": t2 * (tr.T * tr.T) @ weight, "EE": t2 * (tr.E * tr.E) @ weight,
-           "TE": t2 * (tr.T * tr.E) @ weight}
+    out = {"TT": t2 * (tr.T * tr.T) @ w, "EE": t2 * (tr.E * tr.E) @ w,
+           "TE": t2 * (tr.T * tr.E) @ w}
     if tr.P is not None:
-        out["PP"] = (tr.P * tr.P) @ weight
+        out["PP"] = (tr.P * tr.P) @ weight(tr.k if tr.k_p is None else tr.k_p)
     return out
 
 

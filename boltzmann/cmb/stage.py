@@ -7,7 +7,8 @@
    solved by ``solver.solve``, and the sources S_0, S_1, S_2, S_E, S_φ on the (k, τ) grid;
 2. ``bessel.BesselTable.cached`` — j_ℓ, j_ℓ' at the sampled ℓ (host, scipy; kept in the process
    and in the persistent cache);
-3. ``line_of_sight.transfer_functions`` — Δ_ℓ^T, Δ_ℓ^E, Δ_ℓ^φ on the fine k grid;
+3. ``line_of_sight.transfer_functions`` — Δ_ℓ^T, Δ_ℓ^E, Δ_ℓ^φ on the fine k grid, each ℓ over
+   its window of it (``sampling.transfer_window``);
 4. ``spectra.cl_from_transfers`` (+ ``limber_pp``) and the ℓ spline to every ℓ ≤ l_max;
 5. with ``lensing``: the unlensed spectra to ``lensing.input_l_max(l_max)``, then
    ``lensing.lensed_spectra`` (all-sky correlation functions) to l_max.
@@ -25,7 +26,7 @@ from ..runtime import require_float64
 from .bessel import BesselTable
 from .lensing import input_l_max, lensed_spectra
 from .line_of_sight import transfer_functions
-from .sampling import ClSampling, multipoles, transfer_wavenumbers
+from .sampling import ClSampling, multipoles, transfer_wavenumbers, transfer_window
 from .sources import compute_sources
 from .spectra import ClSpectra, cl_from_transfers, ell_spline_matrix, limber_pp
 
@@ -78,7 +79,10 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
 
     t0 = time.perf_counter()
     l_limber = min(L_LIMBER, int(l_max))
-    tr = transfer_functions(src, ells, k, table, l_late=L_LATE, l_limber=l_limber)
+    window = transfer_window(ells, k, src.tau0 - src.tau_rec,
+                             src.tau0 - float(np.asarray(src.tau)[0]), sampling)
+    tr = transfer_functions(src, ells, k, table, l_late=L_LATE, l_limber=l_limber,
+                            window=window)
     timings["line_of_sight"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
