@@ -81,8 +81,43 @@ def lane_count(n_traj: int, lanes) -> int:
     return int(lane_option(lanes))
 
 
+def hnw_initial_step(f: Callable, tab):
+    """The first step of one trajectory of y' = f(y, t, p, args) (Hairer, Nørsett & Wanner,
+    Solving ODEs I, §II.4: h from ‖y0‖, ‖f0‖ and a finite difference of f; robust for stiff
+    starts because it only ever shrinks). Returned function: (y0, t0, t_end, p, args, rtol,
+    atol, weights, n_weighted) -> h."""
+    def initial_step(y0, t0, t_end, p, args, rtol, atol, weights, n_weighted):
+        zero = jnp.zeros_like(y0)
+        d0 = _weighted_rms(y0, y0, y0, rtol, atol, weights, n_weighted)
+        span = t_end - t0
+
+        def euler_step(fv):
+            d1 = _weighted_rms(fv, y0, y0, rtol, atol, weights, n_weighted)
+            h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
+            return jnp.minimum(h0, span), d1
+
+        # f at y0, then at the Euler point y0 + h0 f0: a loop of two passes, so that the
+        # program holds one copy of f (of the joint system's, thousands of operations) not two
+        def evaluate(point, _):
+            fv = f(point[0], point[1], p, args)
+            h_e, _ = euler_step(fv)
+            return (y0 + h_e * fv, t0 + h_e), fv
+
+        _, (f0, f1) = jax.lax.scan(evaluate, (y0, t0), None, length=2)
+        h0, d1 = euler_step(f0)
+        d2 = _weighted_rms(f1 - f0, y0, y0 + zero, rtol, atol, weights, n_weighted) / h0
+        dmax = jnp.maximum(d1, d2)
+        h1 = jnp.where(dmax <= 1e-15, jnp.maximum(1e-6, h0 * 1e-3),
+                       (0.01 / dmax) ** (1.0 / (tab.order + 1.0)))
+        h = jnp.minimum(100.0 * h0, h1)
+        h = jnp.where(jnp.isfinite(h) & (h > 0), h, 1e-6 * span)
+        return jnp.minimum(h, span)
+
+    return initial_step
+
+
 def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_steps: int,
-                         lanes: int | str | None = None):
+                         lanes: int | str | None = None, initial_step: Callable | None = None):
     """Build the (un-jitted) ensemble solve for one RHS and one linear-algebra plan.
 
     f(y, t, p, args) -> (n,) array; jac(y, t, p, args) -> (f, J in slot layout, ∂f/∂t).
@@ -95,28 +130,14 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
     ensemble whose step counts spread widely (the modes of a P(k): tens of steps at low k,
     hundreds at high k) does most of its work on finished trajectories; with lanes the work is
     about the sum of the step counts. Each trajectory's arithmetic is the same either way.
+
+    ``initial_step``: the automatic first step (called as ``hnw_initial_step``'s function is),
+    by default ``hnw_initial_step(f, tab)``.
     """
     k_ctrl = tab.embedded_order + 1.0
     running = np.int32(Status.RUNNING)  # a numpy constant: plans may be built inside a trace
-
-    def initial_step(y0, t0, t_end, p, args, rtol, atol, weights, n_weighted):
-        # Hairer, Nørsett & Wanner, Solving ODEs I, §II.4: h from ‖y0‖, ‖f0‖ and a finite
-        # difference of f; robust for stiff starts because it only ever shrinks.
-        f0 = f(y0, t0, p, args)
-        zero = jnp.zeros_like(y0)
-        d0 = _weighted_rms(y0, y0, y0, rtol, atol, weights, n_weighted)
-        d1 = _weighted_rms(f0, y0, y0, rtol, atol, weights, n_weighted)
-        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
-        span = t_end - t0
-        h0 = jnp.minimum(h0, span)
-        f1 = f(y0 + h0 * f0, t0 + h0, p, args)
-        d2 = _weighted_rms(f1 - f0, y0, y0 + zero, rtol, atol, weights, n_weighted) / h0
-        dmax = jnp.maximum(d1, d2)
-        h1 = jnp.where(dmax <= 1e-15, jnp.maximum(1e-6, h0 * 1e-3),
-                       (0.01 / dmax) ** (1.0 / (tab.order + 1.0)))
-        h = jnp.minimum(100.0 * h0, h1)
-        h = jnp.where(jnp.isfinite(h) & (h > 0), h, 1e-6 * span)
-        return jnp.minimum(h, span)
+    if initial_step is None:
+        initial_step = hnw_initial_step(f, tab)
 
     def step(state, p, ts, t_end, args, rtol, atol, weights, n_weighted):
         t, y, h, e1, e2, nacc, nrej, status, ys = state

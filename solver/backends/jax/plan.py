@@ -32,7 +32,7 @@ class JaxPlan:
 
     def __init__(self, rhs, n, n_params, has_args, args_example, sparsity, linear_solver, tab,
                  ctrl, max_steps, *, linear=None, seed_columns=None, jac_builder=None,
-                 f_array=None, lanes=None):
+                 f_array=None, lanes=None, initial_step=None):
         self.n = n
         if f_array is not None:
             # the same rhs returning one (n,) array: the joint sensitivity system's n(1 + m)
@@ -80,8 +80,12 @@ class JaxPlan:
         self.jacobian = "direct" if lj is not None else "colored"
         #: trajectories advanced together (None: all; ``ensemble.make_ensemble_solver``)
         self.lanes = lanes
-        run = make_ensemble_solver(f, self.jac, self.linear, tab, ctrl, max_steps, lanes=lanes)
-        if linear is None and seed_columns is None and jac_builder is None and f_array is None:
+        # initial_step: the automatic first step, when not the default's of f (the joint
+        # sensitivity system takes its primal's, joint.py)
+        run = make_ensemble_solver(f, self.jac, self.linear, tab, ctrl, max_steps, lanes=lanes,
+                                   initial_step=initial_step)
+        if linear is None and seed_columns is None and jac_builder is None and f_array is None \
+                and initial_step is None:
             # a plain plan is determined by what the key names; the joint sensitivity plans
             # (prebuilt solver, seeds, builders) stay plain jit
             parts = _plan_key_parts(rhs, n, n_params, has_args, sparsity, linear_solver, tab,
