@@ -178,6 +178,11 @@ class PersistedProgram:
             return self._jit(*args)
         return program(*leaves)
 
+    def lower(self, *args):
+        """The plain ``jax.jit`` lowering for arguments like ``args`` (values or shape structs),
+        bypassing the store: what measuring the program's size and compile cost needs."""
+        return self._jit.lower(*args)
+
     def prepare(self, *args) -> str:
         """Find or build the program for arguments like ``args`` without running it: "loaded"
         (from the store), "exported" (traced now and stored), "kept" (this object built it

@@ -62,6 +62,17 @@ def test_a_new_instance_loads_without_tracing_and_agrees(store):
     assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(plain)
 
 
+def test_lower_bypasses_the_store(store):
+    """``lower`` gives the plain jit's lowering (for measuring a program): it writes nothing,
+    and the compiled program computes what the program does."""
+    x, p = jnp.linspace(0.0, 1.0, 7), (jnp.float64(2.0), 0.5)
+    program = PersistedProgram(_program, ("test", "lower"))
+    lowered = program.lower(jax.ShapeDtypeStruct(x.shape, x.dtype), p)
+    assert "stablehlo.sine" in lowered.as_text() and _entries(store) == []
+    got = lowered.compile()(x, p)
+    np.testing.assert_array_equal(np.asarray(got["y"]), np.asarray(_program(x, p)["y"]))
+
+
 def test_changed_key_or_signature_writes_a_new_entry(store):
     x = jnp.linspace(0.0, 1.0, 7)
     PersistedProgram(lambda a: a * 2.0, ("double",))(x)

@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""How large the P(k) Jacobian's compiled programs are, and what compiling each costs: one of
+``PowerSpectrumFunction``'s three programs (inputs, solve, outputs) lowered and compiled alone in
+this process, without any persistent cache — StableHLO operations (and, with ``--by-site``, how
+many come from each generated function and solver call site), seconds to lower and to compile,
+the optimized HLO's instruction count and the process's peak resident memory.
+
+Run one program per process, so that the peak is that program's:
+
+    python scripts/compile_jacobian_programs.py --program solve [--config configs/lcdm.yaml]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import resource
+import time
+from pathlib import Path
+
+import jax
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sites(text: str) -> collections.Counter:
+    """StableHLO operations per (generated function, solver call site) from the debug info."""
+    alias = dict(re.findall(r"^(#loc\d+) = (loc\(.*\))$", text, re.M))
+    memo: dict = {}
+
+    def frames(a, depth=0):
+        if a not in memo:
+            out = []
+            for m in re.finditer(r'"([^"]+)":(\d+)|(#loc\d+)', alias.get(a, a)):
+                if m.group(1):
+                    out.append(f"{m.group(1).split('/')[-1]}:{m.group(2)}")
+                elif depth < 40:
+                    out.extend(frames(m.group(3), depth + 1))
+            memo[a] = out
+        return memo[a]
+
+    count = collections.Counter()
+    for line in text.splitlines():
+        if "stablehlo." not in line or line.startswith("#loc"):
+            continue
+        m = re.search(r"loc\((#loc\d+)\)\s*$", line)
+        fr = frames(m.group(1)) if m else []
+        generated = re.sub(r"-[0-9a-f]{6,}>", ">",
+                           next((x.split(":")[0] for x in fr if x.startswith("<")), "-"))
+        site = next((x for x in fr if x.startswith(("ensemble.py", "rosenbrock.py"))), "-")
+        count[(generated, site)] += 1
+    return count
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "lcdm.yaml"))
+    parser.add_argument("--program", choices=("inputs", "solve", "outputs"), default="solve")
+    parser.add_argument("--by-site", action="store_true")
+    args = parser.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    from boltzmann.gradients import PowerSpectrumFunction
+    from boltzmann.params import load_config
+
+    fn = PowerSpectrumFunction(load_config(args.config))
+    inputs, tangents = jax.eval_shape(fn._inputs_and_tangents, fn.theta0)
+    table, rows, y0, background = inputs
+    dtable, drows, dy0, dbackground = tangents
+    if args.program == "inputs":
+        jitted, call = fn._jit_inputs_jvp, (fn.theta0,)
+    elif args.program == "solve":
+        jitted, call = fn._jit_solve_jvp, (table, rows, y0, dtable, drows, dy0)
+    else:
+        ys, dys = jax.eval_shape(fn._solve_and_tangents, table, rows, y0, dtable, drows, dy0)
+        jitted = fn._jit_outputs_jvp
+        call = (fn.theta0, ys, rows, table, background, dys, drows, dtable, dbackground)
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*call)
+    t1 = time.perf_counter()
+    text = lowered.as_text(debug_info=args.by_site)
+    n_ops = sum(1 for line in text.splitlines()
+                if "stablehlo." in line and not line.startswith("#loc"))
+    t2 = time.perf_counter()
+    compiled = lowered.compile()
+    t3 = time.perf_counter()
+    hlo = compiled.as_text()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    print(f"{args.program}: {n_ops} StableHLO operations; lowered in {t1 - t0:.1f} s, compiled "
+          f"in {t3 - t2:.1f} s; optimized HLO {sum(1 for x in hlo.splitlines() if ' = ' in x)} "
+          f"instructions; peak resident memory {peak:.2f} GB")
+    if args.by_site:
+        for (generated, site), c in _sites(text).most_common(12):
+            print(f"  {c:7d}  {generated:24s} {site}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
