@@ -9,6 +9,8 @@
 #   d          bench_gpu part d: the Jacobian ratio at sensitivity error weights (GRAD_SEC, default 1,0.1,0),
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
+#   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
+#              per-stage times (the line-of-sight k windows' effect on the GPU)
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
 #              a fourth under -X importtime
 # Python writes its bytecode under $JOB/pycache (the image sets PYTHONDONTWRITEBYTECODE, which
@@ -62,6 +64,9 @@ for s in ${STEPS:-cb d first_run profile}; do
         rm -rf "$CACHE"
         step first_run 300 python scripts/bench_first_run.py --backend cuda --cache-dir "$CACHE" \
             --out "$JOB/fr" ;;
+    cl)
+        step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
+            --backend cuda --runs 3 --out "$JOB/cl" ;;
     profile)
         step profile 120 python -m cProfile -o "$JOB/third.prof" scripts/transfer.py \
             --config lcdm --backend cuda --cache-dir "$CACHE" --out /tmp/prof_out --no-plot
