@@ -241,7 +241,8 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
     try:
         backend = runtime.backend_for(args.backend, settings)
         report = _first_use_notes(progress, settings, counter, err_stream, args.quiet)
-        result = run(config, backend=backend, progress=report, gradients=args.gradients)
+        result = run(config, backend=backend, progress=report, gradients=args.gradients,
+                     release_compiled=True)
     finally:
         progress.close()
     _check_failures(result)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import jax
 
 from .ensemble import Result, run_ensemble
 from .progress import null_progress
@@ -17,13 +18,17 @@ from .progress import null_progress
 __all__ = ["run", "Result"]
 
 
-def run(config, *, backend="auto", progress=None, gradients: bool = False) -> Result:
+def run(config, *, backend="auto", progress=None, gradients: bool = False,
+        release_compiled: bool = False) -> Result:
     """Tables, transfer functions, P(k) and σ8 for ``config`` (a ``boltzmann.params.Config``).
 
     backend: "jax", "cuda", "auto" or a solver backend object; progress: callback
     (stage, done, total). ``gradients=True`` also computes ∂ln P/∂θ and ∂ln σ8/∂θ for
     ``boltzmann.gradients.available_parameters`` on the same k grid and redshifts, by forward
-    sensitivities on the same backend.
+    sensitivities on the same backend. ``release_compiled``: drop the main job's compiled
+    programs from memory (``jax.clear_caches``) before the derivative programs compile, for a
+    process that runs once (the CLI): the derivatives use none of them, and on the 2-core CPU
+    the process's peak drops by ≈ 0.3 GB; a caller that will run again keeps them.
     """
     progress = progress or null_progress
     result = run_ensemble([config.cosmology], config.precision, config.output, backend=backend,
@@ -33,6 +38,8 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False) -> Re
         result.cl = cmb_spectra(config, result, backend=backend, progress=progress)
         result.timings["cmb"] = time.perf_counter() - t0
     if gradients:
+        if release_compiled:
+            jax.clear_caches()
         t0 = time.perf_counter()
         result.gradients = derivative_tables(config, result, backend=backend, progress=progress)
         result.timings["gradients"] = time.perf_counter() - t0

@@ -49,7 +49,7 @@ def _fake_run_factory(reference, k_max=None, failed=None, calls=None):
     # d_cb is formed by the spectra stage from d_cdm, d_b (CLASS's tk file has no d_cb column)
     fields = {n: np.stack([v, GROWTH_Z05 * v])[None] for n, v in z0.items()}
 
-    def run(config, *, backend="auto", progress=None, gradients=False):
+    def run(config, *, backend="auto", progress=None, gradients=False, release_compiled=False):
         if calls is not None:
             calls.append((config, backend, gradients))
         for done in range(0, 5):
@@ -194,7 +194,7 @@ def test_gradients_and_backend_passed_on(reference, config_file, tmp_path):
     seen = {}
     names = ["h", "n_s"]
 
-    def run(config, *, backend="auto", progress=None, gradients=False):
+    def run(config, *, backend="auto", progress=None, gradients=False, release_compiled=False):
         seen.update(gradients=gradients, backend=backend)
         result = base(config, backend=backend, progress=progress)
         K = result.k.shape[1]
@@ -221,7 +221,7 @@ def test_gradients_with_cl_write_dcl_csv(reference, config_file, tmp_path):
     deriv = {"TT": np.full((ell.size, 2), 0.5), "TE": np.full((ell.size, 2), -3.0),
              "lensed_BB": np.full((ell.size, 2), 2.0)}
 
-    def run(config, *, backend="auto", progress=None, gradients=False):
+    def run(config, *, backend="auto", progress=None, gradients=False, release_compiled=False):
         result = base(config, backend=backend, progress=progress)
         K = result.k.shape[1]
         result.gradients = {"parameters": names, "dlnP_m": np.ones((2, K, 2)),
@@ -261,7 +261,7 @@ def test_failed_modes_are_named(reference, config_file):
 
 
 def test_pipeline_exception_is_one_line_unless_debug(reference, config_file):
-    def run(config, *, backend="auto", progress=None, gradients=False):
+    def run(config, *, backend="auto", progress=None, gradients=False, release_compiled=False):
         raise RuntimeError("thermodynamics did not converge\nat z = 1100")
 
     code, _, err = _main(["--config", config_file], run)
@@ -345,3 +345,24 @@ def test_bare_config_name_with_real_loader(reference, tmp_path):
     assert code == 0, err
     assert isinstance(seen[0][0], params.Config)
     assert (tmp_path / "o" / "summary.json").is_file()
+
+
+def test_release_compiled_clears_jax_caches_before_the_derivatives(monkeypatch):
+    """``pipeline.run(..., release_compiled=True)`` (the CLI's one-shot process) drops the main
+    job's compiled programs before the derivative programs compile; a caller that will run
+    again (the default) keeps them."""
+    from boltzmann import pipeline
+    from boltzmann.params import load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "lcdm.yaml")
+    calls = []
+    monkeypatch.setattr(pipeline, "run_ensemble",
+                        lambda *a, **k: SimpleNamespace(timings={}, cl=None))
+    monkeypatch.setattr(pipeline.jax, "clear_caches", lambda: calls.append("clear"))
+    monkeypatch.setattr(pipeline, "derivative_tables",
+                        lambda *a, **k: calls.append("derivatives") or {})
+    pipeline.run(config, backend="jax", gradients=True, release_compiled=True)
+    assert calls == ["clear", "derivatives"]
+    calls.clear()
+    pipeline.run(config, backend="jax", gradients=True)
+    assert calls == ["derivatives"]
