@@ -56,15 +56,14 @@ def main(argv=None) -> int:
                          for n in ("A_s", "n_s", "k_pivot"))
     power = np.asarray(primordial_curvature_power(jnp.asarray(k), A_s, n_s, k_pivot))
     w = trapezoid_weights(np.log(k)) * power
-    chi_rec, chi_max = src.tau0 - src.tau_rec, src.tau0 - float(np.asarray(src.tau)[0])
     tt, ee = (T * T) @ w, (E * E) @ w
     print(f"{ells.size} multipoles to {l_max}, {k.size} transfer k; fraction of each k integral "
-          f"above ℓ/χ_rec + extra (χ_rec = {chi_rec:.1f} Mpc), largest per ℓ group")
+          f"above ℓ/χ_rec + extra (χ_rec = {src.tau0 - src.tau_rec:.1f} Mpc), largest per ℓ group")
     print("| extra [1/Mpc] | TT " + " / ".join(f"{a}–{b}" for a, b in GROUPS)
           + " | EE (all ℓ) | widest window |")
     print("|---|---|---|---|")
     for extra in (float(v) for v in args.extras.split(",")):
-        win = transfer_window(ells, k, chi_rec, chi_max,
+        win = transfer_window(ells, k, src.tau, src.tau0, src.tau_rec,
                               dataclasses.replace(s, k_window_extra=extra))
         above = np.arange(k.size)[None, :] >= win.hi[:, None]
         f_tt = np.abs(((T * T) * above) @ w) / tt

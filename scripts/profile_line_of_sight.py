@@ -53,8 +53,7 @@ def main(argv=None) -> int:
     ells = multipoles(l_max, sampling)
     k = transfer_wavenumbers(src.k[:src.n_cmb], src.tau0, sampling)
     table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
-    window = transfer_window(ells, k, src.tau0 - src.tau_rec,
-                             src.tau0 - float(np.asarray(src.tau)[0]), sampling)
+    window = transfer_window(ells, k, src.tau, src.tau0, src.tau_rec, sampling)
     tau = jnp.asarray(src.tau)
     chi, kj = src.tau0 - tau, jnp.asarray(k)
     low, high = np.nonzero(ells <= args.l_late)[0], np.nonzero(ells > args.l_late)[0]

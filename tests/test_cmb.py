@@ -213,7 +213,8 @@ def test_transfer_window_bounds():
     tau0, chi_rec, chi_max = 14175.0, 13895.0, 13945.0
     k = transfer_wavenumbers(source_wavenumbers(4000, tau0, 145.0), tau0)
     ells = multipoles(4000)
-    win = transfer_window(ells, k, chi_rec, chi_max)
+    times = ([tau0 - chi_max], tau0, tau0 - chi_rec)     # first source, today, last scattering
+    win = transfer_window(ells, k, *times)
     for il in range(0, ells.size, 10):
         if win.lo[il] > 0:
             assert abs(spherical_jn(int(ells[il]), k[win.lo[il]] * chi_max)) < 1e-10
@@ -221,7 +222,7 @@ def test_transfer_window_bounds():
         assert k[win.hi[il] - 1] <= top and (win.hi[il] == k.size or k[win.hi[il]] > top)
     assert np.max(win.hi - win.lo) < 0.5 * k.size
     assert win.phi_stride == ClSampling().phi_k_stride
-    no_cap = transfer_window(ells, k, chi_rec, chi_max,
+    no_cap = transfer_window(ells, k, *times,
                              dataclasses.replace(ClSampling(), k_window_extra=None))
     assert np.all(no_cap.hi == k.size) and np.array_equal(no_cap.lo, win.lo)
 

@@ -35,6 +35,7 @@ import numpy as np
 import scipy
 from scipy.special import jv
 
+from models.hermite import hermite
 from solver.caches import Cache
 
 __all__ = ["BesselTable", "values", "j_only", "turning_point", "X_BUCKET"]
@@ -163,18 +164,10 @@ def _cells(table: BesselTable, il, x):
     return u - i, table.dx, jrow[i], jrow[i + 1], drow[i], drow[i + 1], i * table.dx
 
 
-def _hermite(t):
-    t2 = t * t
-    t3 = t2 * t
-    return 2 * t3 - 3 * t2 + 1, t3 - 2 * t2 + t, -2 * t3 + 3 * t2, t3 - t2
-
-
 def j_only(table: BesselTable, il, x):
     """j_ℓ(x) alone (the lensing potential's integral needs no derivatives); 0 past x_max."""
     t, h, j0, j1, d0, d1, _ = _cells(table, il, x)
-    h00, h10, h01, h11 = _hermite(t)
-    j = h00 * j0 + h10 * h * d0 + h01 * j1 + h11 * h * d1
-    return jnp.where(x <= table.x_max, j, 0.0)
+    return jnp.where(x <= table.x_max, hermite(t, h, j0, d0, j1, d1), 0.0)
 
 
 def values(table: BesselTable, il, x):
@@ -185,9 +178,8 @@ def values(table: BesselTable, il, x):
     t, h, j0, j1, d0, d1, x0 = _cells(table, il, x)
     dd0 = _second_derivative(ell, x0, j0, d0)
     dd1 = _second_derivative(ell, x0 + h, j1, d1)
-    h00, h10, h01, h11 = _hermite(t)
-    j = h00 * j0 + h10 * h * d0 + h01 * j1 + h11 * h * d1
-    dj = h00 * d0 + h10 * h * dd0 + h01 * d1 + h11 * h * dd1
+    j = hermite(t, h, j0, d0, j1, d1)
+    dj = hermite(t, h, d0, dd0, d1, dd1)
     d2j = _second_derivative(ell, x, j, dj)
     safe = jnp.where(x > 1e-3, x, 1.0)
     j_x2 = jnp.where(x > 1e-3, j / (safe * safe), jnp.where(ell == 2, 1.0 / 15.0, 0.0))

@@ -114,9 +114,8 @@ class ClFunction:
         self.plan = plan
         self.ells = multipoles(self.l_max, sampling)
         self.k_transfer = transfer_wavenumbers(plan.k[:plan.n_cmb], plan.tau0_fid, sampling)
-        tau_rec_fid = float(np.interp(plan.x_rec, plan.x, plan.tau_fid))
-        self.window = transfer_window(self.ells, self.k_transfer, plan.tau0_fid - tau_rec_fid,
-                                      plan.tau0_fid - float(plan.tau_fid[0]), sampling)
+        self.window = transfer_window(self.ells, self.k_transfer, plan.tau_fid, plan.tau0_fid,
+                                      plan.tau_rec_fid, sampling)
         self.bessel = BesselTable.cached(
             self.ells, X_MARGIN * float(self.k_transfer[-1] * plan.tau0_fid) + 1.0)
         self._bessel_rows = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj))

@@ -221,12 +221,13 @@ class TransferWindow:
         return np.unique(np.r_[np.arange(0, n_k, self.phi_stride), n_k - 1])
 
 
-def transfer_window(ells, k: np.ndarray, chi_rec: float, chi_max: float,
+def transfer_window(ells, k: np.ndarray, tau, tau0: float, tau_rec: float,
                     s: ClSampling = ClSampling()) -> TransferWindow:
-    """The window of each multipole (module docstring) for sources at distances up to
-    ``chi_max`` [Mpc] with the last scattering at ``chi_rec``; host values of the fiducial
-    cosmology (a window is held fixed under derivatives, like the grids)."""
+    """The window of each multipole (module docstring) for sources at the conformal times
+    ``tau`` [Mpc] (ascending), today ``tau0`` and the last scattering at ``tau_rec``; host values
+    of the fiducial cosmology (a window is held fixed under derivatives, like the grids)."""
     ells = np.asarray(ells, np.float64)
+    chi_max, chi_rec = tau0 - float(np.asarray(tau)[0]), tau0 - tau_rec
     # 2 % below the turning point at the largest distance: the Bessel table holds zeros there
     lo = np.searchsorted(k, 0.98 * turning_point(ells) / chi_max, side="right") - 1
     if s.k_window_extra is None:

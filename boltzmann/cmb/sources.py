@@ -167,7 +167,7 @@ class SourcePlan:
     fixed under derivatives: the modes ``k`` [1/Mpc] (the first ``n_cmb`` the CMB grid), their
     start times ``x0`` (ln a), the source samples ``x`` (ln a; ``tau_fid`` their conformal times
     [Mpc] at the fiducial cosmology, ``tau0_fid`` today's), ``x_rec`` (the maximum of the
-    visibility, where the lensing kernel starts), ``low`` (the modes that keep their photons in
+    visibility, where the lensing kernel starts; ``tau_rec_fid`` its conformal time), ``low`` (the modes that keep their photons in
     error control) and ``streaming`` (K, S) (the samples whose photon sources take their
     free-streaming values)."""
 
@@ -178,6 +178,7 @@ class SourcePlan:
     tau_fid: np.ndarray
     tau0_fid: float
     x_rec: float
+    tau_rec_fid: float
     low: np.ndarray
     streaming: np.ndarray
 
@@ -231,8 +232,8 @@ def source_plan(table_row, cosmos, precision, model, grid, l_max: int, *,
     # the grids chosen from it and the traced τ agree at the fiducial cosmology
     tau_h = np.asarray(_background_at(model, table_row, grid, jnp.asarray(x))[0])
     return SourcePlan(k=k, n_cmb=n_cmb, x0=np.asarray(x0, np.float64), x=x, tau_fid=tau_h,
-                      tau0_fid=float(tau_h[-1]), x_rec=float(x_nodes[i_rec]), low=low,
-                      streaming=streaming)
+                      tau0_fid=float(tau_h[-1]), x_rec=float(x_nodes[i_rec]),
+                      tau_rec_fid=tau_rec, low=low, streaming=streaming)
 
 
 def source_background(model, table_row, grid, plan: SourcePlan) -> dict:

@@ -79,8 +79,7 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
 
     t0 = time.perf_counter()
     l_limber = min(L_LIMBER, int(l_max))
-    window = transfer_window(ells, k, src.tau0 - src.tau_rec,
-                             src.tau0 - float(np.asarray(src.tau)[0]), sampling)
+    window = transfer_window(ells, k, src.tau, src.tau0, src.tau_rec, sampling)
     tr = transfer_functions(src, ells, k, table, l_late=L_LATE, l_limber=l_limber,
                             window=window)
     timings["line_of_sight"] = time.perf_counter() - t0

@@ -180,6 +180,12 @@ def _aug_args(spec, args, mask, m):
     return (leaves, dargs)
 
 
+def _block_scale(spec, m):
+    """The factor on every block's error weights in the joint norm: √(1+m) with the
+    sensitivities in it (docs/gradients.md, SEC), 1 without (y's norm is the plain solve's)."""
+    return np.sqrt(1.0 + m) if spec.sec > 0.0 else 1.0
+
+
 def _primal_initial_step(spec, plain, m):
     """The joint system's automatic first step: the plain system's (``hnw_initial_step`` of
     the plain rhs on the y block, with its own error weights), so that the program holds the
@@ -189,7 +195,7 @@ def _primal_initial_step(spec, plain, m):
     exactly."""
     step = hnw_initial_step(plain.f, spec.tableau)
     n, P = spec.n, spec.P
-    scale = np.sqrt(1.0 + m) if spec.sec > 0.0 else 1.0      # joint_run's scale of every block
+    scale = _block_scale(spec, m)
 
     def initial(z0, t0, t_end, q, A, rtol, atol, weights, n_weighted):
         args = jax.tree_util.tree_unflatten(spec.treedef, list(A[0])) if spec.has_args else None
@@ -242,10 +248,8 @@ def joint_run(spec, mask, y0, params, args_leaves, ts, t0, te, dy0, dp, dargs, s
     z0 = jnp.concatenate([y0, s0], axis=1)
     q = jnp.concatenate([params, dq], axis=1)
     A = (tuple(args_leaves), tuple(jnp.asarray(d, jnp.float64) for d in dargs))
-    # the sensitivity blocks at the weight sec; with any of them in the norm, every block is
-    # scaled by √(1+m) (docs/gradients.md, SEC); with none, y's norm is the plain solve's
-    scale = np.sqrt(1.0 + m) if spec.sec > 0.0 else 1.0
-    w = np.concatenate([spec.weights] + [spec.weights * spec.sec] * m) * scale
+    # the sensitivity blocks at the weight sec
+    w = np.concatenate([spec.weights] + [spec.weights * spec.sec] * m) * _block_scale(spec, m)
     atol = np.concatenate([spec.atol] + [spec.sens_atol] * m)
     res = plan.run(z0, t0, te, ts, q, A, jnp.float64(spec.rtol), jnp.asarray(atol),
                    jnp.asarray(w), h0(spec, N))
