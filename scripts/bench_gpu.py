@@ -39,6 +39,9 @@ for tables, any error) prints its reason and the run goes on. Each row is printe
 soon as it is done, and ``--out DIR`` gets bench_gpu.json and bench_gpu.md rewritten after every
 row (so a run killed from outside keeps what it measured).
 
+Part (d) is scripts/bench_grad.py; the report, budget and timing helpers all parts share are
+scripts/bench_report.py.
+
     python scripts/bench_gpu.py --out $OUT                  # the GPU run (all defaults)
     python scripts/bench_gpu.py --backends jax --quick      # CPU smoke test (tiny sizes)
 """
@@ -47,8 +50,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
-import math
 import os
 import platform
 import sys
@@ -59,6 +60,8 @@ os.environ.setdefault("JAX_ENABLE_X64", "1")
 # numba (the CUDA backend) allocates next to XLA: do not let XLA take 75% of the GPU up front
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the parts shared with bench_grad.py (part (d)) live next to this script
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the stiff test problems (van der Pol lattice) live with the solver's tests
 sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
@@ -68,8 +71,11 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from solver import sec_weight  # noqa: E402
-from solver.cost import TRANSCENDENTAL_FLOPS, work_estimate  # noqa: E402
+from bench_grad import run_grad  # noqa: E402
+from bench_report import (PRIOR_FIRST_S, SOLVER_BACKENDS, Budget, Report, _fmt,  # noqa: E402
+                          _gflops, _print_work, _short, _unavailable_reason, _warm_calls,
+                          project, solver_backend)
+from solver.cost import work_estimate  # noqa: E402
 
 #: H200 SXM fp64 peaks [FLOP/s] (NVIDIA datasheet): vector units, and DMMA tensor cores
 H200_FP64_VECTOR = 34e12
@@ -79,173 +85,14 @@ VDP_T_END = 3.0
 VDP_TOL = 1e-6
 ALL_BACKENDS = ("cuda", "jax", "diffrax")
 
-#: first-row guesses [s] (compile + one run) before anything was measured, per (part, backend);
-#: from docs/benchmarks.md (H200: lattice JAX first call 25.6 s, CUDA 24.9 s; EB JAX ~40 s)
 #: share of the remaining budget a part may use when other parts follow it
 SECTION_SHARE = {"a": 0.5, "b": 0.75, "c": 0.3, "d": 0.6}
-PRIOR_FIRST_S = {"vdp:cuda": 30.0, "vdp:jax": 30.0, "vdp:diffrax": 40.0, "eb:cuda": 90.0,
-                 "eb:jax": 90.0, "grad:cuda": 300.0, "grad:jax": 200.0}
-
-
-# =========================================================================== output
-class Report:
-    """Prints rows as they come (flushed) and keeps everything for the JSON/Markdown files."""
-
-    def __init__(self, out_dir: str | None = None):
-        self.out_dir = out_dir
-        self.lines: list[str] = []
-        self.data: dict = {"vdp": [], "eb": [], "one": [], "grad": [], "notes": []}
-
-    def print(self, line: str = ""):
-        print(line, flush=True)
-        self.lines.append(line)
-
-    def row(self, part: str, row: dict, line: str):
-        """Record a finished row, print it, and rewrite the files (a killed run keeps them)."""
-        self.data[part].append(row)
-        self.print(line)
-        self.write()
-
-    def note(self, text: str):
-        self.data["notes"].append(text)
-        self.print(f"note: {text}")
-
-    def write(self):
-        if not self.out_dir:
-            return
-        os.makedirs(self.out_dir, exist_ok=True)
-        tmp = os.path.join(self.out_dir, ".bench_gpu.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(self.data, fh, indent=1, default=_json_default)
-        os.replace(tmp, os.path.join(self.out_dir, "bench_gpu.json"))
-        with open(os.path.join(self.out_dir, "bench_gpu.md"), "w") as fh:
-            fh.write("\n".join(self.lines) + "\n")
-
-
-def _json_default(x):
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.floating,)):
-        return float(x)
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    return str(x)
-
-
-class Budget:
-    """Wall-clock budget of the whole run, with an optional earlier deadline per section."""
-
-    def __init__(self, total_s: float, row_limit_s: float):
-        self.t0 = time.perf_counter()
-        self.total = float(total_s)
-        self.row_limit = float(row_limit_s)
-        self.section_end = self.total
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def left(self) -> float:
-        return min(self.total, self.section_end) - self.elapsed()
-
-    def start_section(self, share: float):
-        """This section may run until ``share`` of what is left of the whole budget is used."""
-        self.section_end = self.elapsed() + share * (self.total - self.elapsed())
-
-    def end_section(self):
-        self.section_end = self.total
-
-    def refuse(self, projected: float) -> str | None:
-        """None if a row projected to take ``projected`` s may run, else the reason."""
-        if projected > self.row_limit:
-            return f"skipped: projected {projected:.0f} s > row limit {self.row_limit:.0f} s"
-        if projected > self.left():
-            return (f"skipped: projected {projected:.0f} s > {max(self.left(), 0):.0f} s left "
-                    f"in the time budget")
-        return None
-
-
-def project(history: list, key: str, n: int, prior_first: float) -> float:
-    """Projected seconds of a row (first call + one warm call) at size ``n`` for ``key``.
-
-    From the largest measured size of the same key: its compilation time (first - warm) again —
-    a new shape recompiles the XLA programs; the CUDA kernel is shape-independent, so "vdp:cuda"
-    has none and "eb:cuda" only its XLA stages' (tables, ICs, spectra) — plus two runs of the warm time scaled as size**alpha. alpha is fitted
-    to the two largest measured sizes when there are two (clipped to [0.3, 1.2]), else 1 on a
-    CPU and 0.6 on a GPU (whose throughput grows with N until the device is full).
-    """
-    done = sorted((r for r in history if r.get("key") == key and r.get("status") == "ok"),
-                  key=lambda r: r["size"])
-    if not done:
-        return prior_first
-    last = done[-1]
-    alpha = 1.0 if jax.default_backend() == "cpu" else 0.6
-    if len(done) >= 2 and done[-2]["size"] < last["size"] and done[-2]["warm_s"] > 0:
-        alpha = math.log(last["warm_s"] / done[-2]["warm_s"]) / math.log(
-            last["size"] / done[-2]["size"])
-        alpha = min(max(alpha, 0.3), 1.2)
-    warm = last["warm_s"] * max(n / last["size"], 1.0) ** alpha
-    if key == "vdp:cuda":
-        compile_s = 0.0
-    elif key == "eb:cuda" and "first_timings" in last:
-        # the CUDA kernel is compiled once; only the XLA stages recompile for a new shape
-        compile_s = sum(max(last["first_timings"][k] - last["timings"][k], 0.0)
-                        for k in ("tables", "initial_conditions", "spectra"))
-    else:
-        compile_s = max(last["first_s"] - last["warm_s"], 0.0)
-    return compile_s + 2.0 * warm
-
-
-def _warm_calls(call, first_s, min_total=0.5, max_repeats=5):
-    """Median warm time of repeated calls (more repeats for fast launches), and the last result."""
-    times, res = [], None
-    repeats = 1 if first_s > min_total else max_repeats
-    for _ in range(repeats):
-        t = time.perf_counter()
-        res = call()
-        times.append(time.perf_counter() - t)
-        if sum(times) > min_total and len(times) >= 1:
-            break
-    return float(np.median(times)), len(times), res
-
-
-def _unavailable_reason(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}"
-
-
-# =========================================================================== work estimate
-def _gflops(work, steps_total, seconds):
-    if not work or not seconds or not steps_total:
-        return None
-    return work["flops_per_step"] * steps_total / seconds / 1e9
-
-
-def _print_work(report, label, w):
-    p = w["per_step"]
-    report.print(f"work/step {label}: n={w['n']}, pattern nnz {w['pattern_nnz']}, LU slots "
-                 f"{w['lu_slots']}, colours {w['colours']}; RHS {w['rhs_arith']} arith + "
-                 f"{w['rhs_transcendental']} transc., JVP sweep {w['jvp_sweep_arith']} + "
-                 f"{w['jvp_sweep_transcendental']}; LU factor {w['lu_factor_ops']}, solve "
-                 f"{w['lu_solve_ops']} ops -> {w['flops_per_step']:,} flop/step (Jacobian "
-                 f"{p['jacobian']:,}, LU {p['lu_factor']:,}, 8 solves {p['triangular_solves']:,},"
-                 f" 7 RHS {p['stage_rhs']:,}, vectors {p['stage_combinations'] + p['error_norm']:,}"
-                 f"); transcendental = {TRANSCENDENTAL_FLOPS} flop")
 
 
 # =========================================================================== (a) VdP lattice
 def _vdp_params(N, seed=0):
     rng = np.random.default_rng(seed)
     return np.column_stack([rng.uniform(3.0, 10.0, N), rng.uniform(0.1, 3.0, N)])
-
-
-#: the solver backend objects of this run, by name (``main`` fills it from the environment's
-#: settings, so the CUDA kernels come from and go to the persistent cache like the CLI's)
-SOLVER_BACKENDS: dict = {}
-
-
-def solver_backend(name):
-    """The backend object for a backend name (the name itself where none was configured)."""
-    return SOLVER_BACKENDS.get(name, name)
 
 
 def _vdp_call(backend, prob, N):
@@ -363,15 +210,6 @@ def _vdp_row(row, backend, prob, N, work, dead):
     if failed:
         notes.append(f"{failed} trajectories failed")
     row["note"] = "; ".join(notes)
-
-
-def _fmt(x, spec, none="—"):
-    return none if x is None else format(x, spec)
-
-
-def _short(note: str, limit: int = 160) -> str:
-    note = (note or "").replace("|", "/")
-    return note if len(note) <= limit else note[:limit - 3] + "..."
 
 
 def _vdp_line(r) -> str:
@@ -572,226 +410,6 @@ def run_one(args, report, budget, cfg, dead):
         else:
             line = f"| {b} | — | — | — | — | {_short(row['note'])} |"
         report.row("one", row, line)
-
-
-# =========================================================================== (d) gradients
-def grad_parameters(cfg) -> list:
-    """Every parameter of boltzmann.gradients.PARAMETERS this config can be differentiated in."""
-    from boltzmann.gradients import available_parameters
-
-    return list(available_parameters(cfg.cosmology))
-
-
-def run_grad(args, report, budget, cfg, dead):
-    from boltzmann.tables import host_cpu
-
-    names = grad_parameters(cfg)
-    K = len(cfg.output.k_grid(float(cfg.cosmology.h)))
-    report.print(f"\n## (d) gradients: {args.config}, {K} k, z = {list(cfg.output.z)}, "
-                 f"{len(names)} parameters ({', '.join(names)}); Jacobian vs one P(k) of the same "
-                 f"PowerSpectrumFunction; batch {args.grad_batch}")
-    report.print("| backend | value first / warm [s] | Jacobian first / warm [s] | Jacobian / "
-                 "value | batch of B: warm [s] | value+Jacobian per s | note |")
-    report.print("|---|---|---|---|---|---|---|")
-    dlnp = {}   # (backend, SEC) -> ∂ln P_m/∂θ at the fiducial (n_z, n_k, n_θ)
-    secs = _sec_weights(args.grad_sec, cfg)
-    for b in [b for b in args.backends if b in ("cuda", "jax")]:
-        for sec in secs:
-            key = f"grad:{b}"
-            row = {"key": key, "size": 1, "backend": b, "parameters": names,
-                   "sensitivity_error_control": sec}
-            why = dead.get(b) or budget.refuse(PRIOR_FIRST_S[key])
-            if why:
-                row.update(status="skipped", note=why)
-            elif b == "jax" and host_cpu() is not None:
-                # the JAX joint solve is a chain of small dependent ops per step: on the GPU it
-                # runs at launch latency (on an H200 it had not finished after 17 min), so the
-                # JAX row of (d) is measured on this host's CPU and labelled so
-                row["backend"] = "jax (host CPU)"
-                with jax.default_device(host_cpu()):
-                    dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec)
-            else:
-                dlnp[b, sec] = _grad_row(row, b, cfg, names, args.grad_batch, budget, sec,
-                                         args.device_inputs)
-            if sec != 1.0:
-                row["backend"] += " (SEC off)" if sec == 0.0 else f" (SEC weight {sec:g})"
-            report.row("grad", row, _grad_line(row))
-    for b in ("cuda", "jax"):
-        for sec in secs[1:]:
-            _agreement_line(report, f"grad_sec_{sec:g}_vs_{secs[0]:g}" + ("_jax" if b == "jax"
-                                                                           else ""),
-                            f"{b.upper()}, SEC weight {sec:g} vs {secs[0]:g}, same units",
-                            dlnp.get((b, sec)), dlnp.get((b, secs[0])), names)
-    _agreement_line(report, "grad_agreement",
-                    "CUDA vs JAX ∂ln P_m/∂θ, max |difference| over k and z / the JAX "
-                    "Jacobian's largest |∂ln P/∂θ| for that parameter",
-                    dlnp.get(("cuda", secs[0])), dlnp.get(("jax", secs[0])), names)
-
-
-def _sec_weights(choice: str, cfg) -> tuple:
-    """The sensitivity error weights of (d)'s rows: "config" (the precision's
-    ``sensitivity_error_weight``), "on" (1), "off" (0), "both" (1 and 0) or numbers, comma-separated."""
-    named = {"config": (float(cfg.precision.sensitivity_error_weight),), "on": (1.0,),
-             "off": (0.0,), "both": (1.0, 0.0)}
-    if choice in named:
-        return named[choice]
-    try:
-        return tuple(sec_weight(float(w)) for w in choice.split(","))
-    except ValueError as err:
-        raise SystemExit(f"--grad-sec {choice!r}: give config, on, off, both or weights in [0, 1] "
-                         f"separated by commas ({err})") from None
-
-
-def _agreement_line(report, key, title, got, ref, names):
-    """Print and record ``gradient_agreement(got, ref)`` per parameter (when both exist)."""
-    if got is None or ref is None:
-        return
-    err = gradient_agreement(got, ref)
-    report.data[key] = dict(zip(names, err.tolist()))
-    report.print(f"\n{title}: " + ", ".join(f"{n} {e:.1e}" for n, e in zip(names, err))
-                 + f"; worst {err.max():.1e}")
-
-
-def gradient_agreement(got, ref) -> np.ndarray:
-    """Per parameter (last axis): max |got - ref| / max |ref| over every other axis."""
-    got, ref = np.asarray(got), np.asarray(ref)
-    axes = tuple(range(ref.ndim - 1))
-    return np.abs(got - ref).max(axis=axes) / np.maximum(np.abs(ref).max(axis=axes), 1e-300)
-
-
-def _grad_row(row, backend, cfg, names, batch, budget, sec=True, device_inputs=False):
-    """Fills ``row``; returns ∂ln P_m/∂θ at the fiducial (None if the row failed)."""
-    from boltzmann.gradients import PowerSpectrumFunction
-
-    try:
-        # the default chunks: one solve on CUDA (threads are independent), lock-step chunks
-        # sorted by k on the JAX backend (one chunk would run every mode for the slowest one's
-        # steps: about twice the warm Jacobian on the 2-core CPU)
-        fn = PowerSpectrumFunction(cfg, parameters=names, backend=solver_backend(backend),
-                                   sensitivity_error_control=sec)
-
-        def value():
-            return jax.block_until_ready(fn())
-
-        def jac():
-            return jax.block_until_ready(fn.jacobian())
-
-        t = time.perf_counter()
-        value()
-        v_first = time.perf_counter() - t
-        v_warm, _, _ = _warm_calls(value, v_first, min_total=1.0, max_repeats=3)
-        t = time.perf_counter()
-        val, jc = jac()
-        j_first = time.perf_counter() - t
-        j_warm, _, (val, jc) = _warm_calls(jac, j_first, min_total=1.0, max_repeats=3)
-        finite = bool(np.all(np.isfinite(np.asarray(jc["P_m"]))))
-        row["jacobian_stage_s"] = dict(fn.last_stage_seconds)
-        if (device_inputs and getattr(fn, "inputs_on_host", False)
-                and not budget.refuse(150.0 + 4 * j_warm)):
-            row.update(_device_inputs_side_by_side(fn, value, jac))
-        row.update(status="ok", value_first_s=v_first, value_warm_s=v_warm,
-                   jacobian_first_s=j_first, jacobian_warm_s=j_warm,
-                   ratio=j_warm / v_warm, jacobian_finite=finite)
-        launches = _slowest_thread(fn, backend, sec) if backend == "cuda" else None
-        if launches:
-            row["launches"] = launches
-        if batch > 1 and backend == "cuda" and not budget.refuse(6 * j_warm + 120.0):
-            row.update(_batch_row(fn, batch, np.asarray(jc["P_m"])))
-        row["note"] = "; ".join(
-            ([] if finite else ["non-finite Jacobian entries (a mode failed)"])
-            + ([launches["text"]] if launches else [])
-            + ["Jacobian stages " + ", ".join(f"{k} {v:.2f}" for k, v in
-                                              row["jacobian_stage_s"].items()) + " s"]
-            + ([f"inputs on the GPU instead: value {row['device_inputs_value_warm_s']:.3f} s, "
-                f"Jacobian {row['device_inputs_jacobian_warm_s']:.3f} s"]
-               if "device_inputs_value_warm_s" in row else []))
-        return np.asarray(jc["P_m"]) / np.asarray(val["P_m"])[..., None]
-    except Exception as exc:
-        row.update(status="error", note=_unavailable_reason(exc),
-                   traceback=traceback.format_exc())
-        return None
-
-
-def _device_inputs_side_by_side(fn, value, jac) -> dict:
-    """The same value and Jacobian with the inputs stage (tables, rows, initial states and their
-    tangents) on the GPU instead of the host CPU (``PowerSpectrumFunction.inputs_on_host``):
-    warm times after one compiling call each."""
-    fn.inputs_on_host = False
-    try:
-        value()
-        v_warm, _, _ = _warm_calls(value, 1.0, min_total=1.0, max_repeats=3)
-        jac()
-        j_warm, _, _ = _warm_calls(jac, 1.0, min_total=1.0, max_repeats=3)
-        return {"device_inputs_value_warm_s": v_warm, "device_inputs_jacobian_warm_s": j_warm,
-                "device_inputs_jacobian_stage_s": dict(fn.last_stage_seconds)}
-    finally:
-        fn.inputs_on_host = True
-
-
-def _batch_row(fn, batch, jac_p_m) -> dict:
-    """Value-and-Jacobian of ``batch`` cosmologies in one joint solve (C·K modes × directions
-    in one launch, ``boltzmann.gradients_batch``): first call, warm time, cosmologies per second,
-    and row 0 (the fiducial) against the single-cosmology Jacobian ``jac_p_m``."""
-    from boltzmann.gradients_batch import PowerSpectrumBatch
-
-    pb = PowerSpectrumBatch(fn)
-    thetas = fn.theta0[None, :] * (1.0 + 0.01 * jnp.linspace(0.0, 1.0, batch)[:, None])
-    t = time.perf_counter()
-    pb.value_and_jacobian(thetas)
-    first = time.perf_counter() - t
-    warm, _, (val, jac) = _warm_calls(lambda: pb.value_and_jacobian(thetas), first,
-                                      min_total=0.0, max_repeats=2)
-    ref = np.asarray(jac_p_m)
-    diff = np.abs(np.asarray(jac["P_m"])[0] - ref).max() / max(np.abs(ref).max(), 1e-300)
-    return {"batch": batch, "batch_first_s": first, "batch_warm_s": warm,
-            "value_and_jacobian_per_s": batch / warm,
-            "batch_stage_s": dict(pb.last_stage_seconds),
-            "batch_ok": int(np.sum(val["ok"])),
-            "batch_vs_single_max_rel": float(diff)}
-
-
-def _slowest_thread(fn, backend, sec) -> dict | None:
-    """The sensitivity launch of ``fn``'s Jacobian, once more as an explicit joint solve: its
-    threads' steps and which (k, parameter) the slowest thread integrated (a launch lasts as long
-    as that thread)."""
-    from solver import joint_solve
-
-    prob = fn.sensitivity_problem()
-    prob.pop("observables")
-    _, _, info = joint_solve(**prob, backend=solver_backend(backend), sensitivity_error_control=sec)
-    return launch_note(info, list(fn.parameters), fn.k)
-
-
-def launch_note(info: dict, names, k) -> dict | None:
-    """Summary of a CUDA joint solve's ``info`` (``solver.joint_solve``): the slowest thread's
-    steps, its (k, parameter), the threads and the kernel seconds; None without thread data."""
-    steps = info.get("thread_n_accepted")
-    if steps is None:
-        return None
-    steps = np.asarray(steps)                       # (directions, trajectories)
-    d, i = np.unravel_index(int(np.argmax(steps)), steps.shape)
-    where = (f"k = {k[i]:.3g}/Mpc, {names[d]}" if i < len(k) and d < len(names)
-             else f"trajectory {i}, direction {d}")
-    kernel = (info.get("launch") or {}).get("kernel_seconds")
-    rec = {"steps_max": int(steps.max()), "steps_median": float(np.median(steps)),
-           "threads": int(steps.size), "slowest_trajectory": int(i), "slowest_direction": int(d),
-           "kernel_seconds": kernel}
-    rec["text"] = (f"tangent: max {rec['steps_max']} steps over {rec['threads']} threads"
-                   + (f", kernel {kernel:.2f} s" if kernel is not None else "")
-                   + f", slowest {where}")
-    return rec
-
-
-def _grad_line(r) -> str:
-    if r["status"] != "ok":
-        return f"| {r['backend']} | — | — | — | — | — | {_short(r['note'])} |"
-    batch = (f"{r['batch_warm_s']:.2f} (B = {r['batch']}, one solve; first "
-             f"{r['batch_first_s']:.0f} s; {r['batch_ok']}/{r['batch']} ok; row 0 vs single "
-             f"{r['batch_vs_single_max_rel']:.1e})" if "batch_warm_s" in r else "—")
-    per_s = f"{r['value_and_jacobian_per_s']:.3g}" if "value_and_jacobian_per_s" in r else "—"
-    return (f"| {r['backend']} | {r['value_first_s']:.1f} / {r['value_warm_s']:.3f} | "
-            f"{r['jacobian_first_s']:.1f} / {r['jacobian_warm_s']:.3f} | {r['ratio']:.2f} | "
-            f"{batch} | {per_s} | {_short(r['note'], 260)} |")
 
 
 # =========================================================================== main

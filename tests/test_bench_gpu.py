@@ -6,6 +6,7 @@ here; the tests below cover its pieces (one compiled row; every other row throug
 """
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -20,6 +21,12 @@ def bench():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def grad(bench):
+    """scripts/bench_grad.py (part (d)), as bench_gpu.py imported it."""
+    return sys.modules["bench_grad"]
 
 
 def test_count_ops():
@@ -42,7 +49,7 @@ def test_work_estimate_lattice():
     assert w["flops_per_step"] == sum(w["per_step"].values()) > 7 * w["rhs_arith"]
 
 
-def test_gradient_agreement_is_per_parameter(bench):
+def test_gradient_agreement_is_per_parameter(grad):
     """(d)'s CUDA-vs-JAX line: each parameter's error is scaled by that parameter's own largest
     |∂ln P/∂θ|, so a small derivative is not judged against a large one."""
     import numpy as np
@@ -52,10 +59,10 @@ def test_gradient_agreement_is_per_parameter(bench):
     got = ref.copy()
     got[1, 2, 0] += 0.1          # 1e-3 of parameter 0's scale
     got[0, 0, 1] += 1e-6         # 1e-4 of parameter 1's scale
-    np.testing.assert_allclose(bench.gradient_agreement(got, ref), [1e-3, 1e-4])
+    np.testing.assert_allclose(grad.gradient_agreement(got, ref), [1e-3, 1e-4])
 
 
-def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
+def test_grad_part_rows_and_agreement_lines(bench, grad, monkeypatch, tmp_path):
     """(d) with --grad-sec both: a row per backend and SEC setting (the SEC flag reaches the
     row), the SEC-off-vs-on line and the CUDA-vs-JAX line (SEC on), from the rows' Jacobians.
     The rows themselves are stubbed (a real one is a ~10-minute CPU compile)."""
@@ -72,13 +79,13 @@ def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
         return d * (1.0 + (1e-3 if backend == "cuda" and not sec else 0.0)
                     + (1e-6 if backend == "jax" else 0.0))
 
-    monkeypatch.setattr(bench, "_grad_row", fake_row)
+    monkeypatch.setattr(grad, "_grad_row", fake_row)
     monkeypatch.setattr("boltzmann.tables.host_cpu", lambda: None)
     args = bench.build_parser().parse_args(["--parts", "d", "--backends", "cuda,jax",
                                             "--grad-sec", "both", "--config", "lcdm_reduced"])
     args.backends = ["cuda", "jax"]
     report = bench.Report(str(tmp_path))
-    bench.run_grad(args, report, bench.Budget(1e6, 1e6), load_config("lcdm_reduced"), {})
+    grad.run_grad(args, report, bench.Budget(1e6, 1e6), load_config("lcdm_reduced"), {})
     assert seen == [("cuda", True), ("cuda", False), ("jax", True), ("jax", False)]
     assert [r["backend"] for r in report.data["grad"]] == ["cuda", "cuda (SEC off)", "jax",
                                                            "jax (SEC off)"]
@@ -87,29 +94,29 @@ def test_grad_part_rows_and_agreement_lines(bench, monkeypatch, tmp_path):
     assert max(report.data["grad_agreement"].values()) == pytest.approx(1e-6, rel=1e-4)
 
 
-def test_grad_sec_choices(bench):
+def test_grad_sec_choices(grad):
     """(d)'s sensitivity error weights: the config's by default, the named pairs, a list of
     numbers; a weight outside [0, 1] or a word is refused with what to give."""
     from boltzmann.params import load_config
 
     cfg = load_config("lcdm_reduced")
-    assert bench._sec_weights("config", cfg) == (cfg.precision.sensitivity_error_weight,)
-    assert bench._sec_weights("both", cfg) == (1.0, 0.0)
-    assert bench._sec_weights("1,0.1,0", cfg) == (1.0, 0.1, 0.0)
+    assert grad._sec_weights("config", cfg) == (cfg.precision.sensitivity_error_weight,)
+    assert grad._sec_weights("both", cfg) == (1.0, 0.0)
+    assert grad._sec_weights("1,0.1,0", cfg) == (1.0, 0.1, 0.0)
     for bad in ("2", "sometimes"):
         with pytest.raises(SystemExit, match="weights in"):
-            bench._sec_weights(bad, cfg)
+            grad._sec_weights(bad, cfg)
 
 
-def test_launch_note_names_the_slowest_thread(bench):
+def test_launch_note_names_the_slowest_thread(grad):
     """(d)'s note on the CUDA row: the slowest sensitivity thread's steps, and which k and
     parameter it integrated (from solver.joint_solve's per-thread info)."""
     import numpy as np
 
-    assert bench.launch_note({}, ["h", "omega_b"], np.array([0.1, 1.0])) is None
+    assert grad.launch_note({}, ["h", "omega_b"], np.array([0.1, 1.0])) is None
     info = {"thread_n_accepted": np.array([[500, 913], [900, 2300]]),   # (direction, k)
             "launch": {"kernel_seconds": 8.25}}
-    note = bench.launch_note(info, ["h", "omega_b"], np.array([0.1, 1.0]))
+    note = grad.launch_note(info, ["h", "omega_b"], np.array([0.1, 1.0]))
     assert note["steps_max"] == 2300 and note["threads"] == 4
     assert note["text"] == ("tangent: max 2300 steps over 4 threads, kernel 8.25 s, "
                             "slowest k = 1/Mpc, omega_b")
