@@ -15,7 +15,8 @@
 #              a fourth under -X importtime
 # Python writes its bytecode under $JOB/pycache (the image sets PYTHONDONTWRITEBYTECODE, which
 # would make every process compile every module it imports, unlike an installed package).
-#   tests      the -m gpu tests named in GPU_TESTS
+#   tests      the -m gpu tests named in GPU_TESTS (verbose, so a step cut short still names what
+#              passed; TESTS_LIMIT seconds, default 420)
 # Each step's output goes to $JOB/<step>.txt and its exit status to $JOB/log. Start it from the
 # repo root on the GPU machine, after '. /opt/dev-site/env.sh':  setsid bash scripts/gpu_session.sh &
 cd "$(dirname "$0")/.." || exit 1
@@ -75,7 +76,7 @@ for s in ${STEPS:-cb d first_run profile}; do
         python -X importtime scripts/transfer.py --config lcdm --backend cuda --cache-dir "$CACHE" \
             --out /tmp/prof_out --no-plot 2> "$JOB/importtime.txt" > /dev/null ;;
     tests)
-        step tests 420 python -m pytest -o addopts="" -m gpu -q -p no:cacheprovider \
+        step tests "${TESTS_LIMIT:-420}" python -m pytest -o addopts="" -m gpu -v -p no:cacheprovider \
             ${GPU_TESTS:-tests/test_cuda_warp.py tests/test_cmb_gpu.py} ;;
     esac
 done
