@@ -62,6 +62,22 @@ def test_a_new_instance_loads_without_tracing_and_agrees(store):
     assert jax.tree_util.tree_structure(again) == jax.tree_util.tree_structure(plain)
 
 
+def test_stored_program_carries_no_locations(store):
+    """The stored module has no source locations or op-name paths (XLA would keep them as
+    per-instruction metadata that every later process re-reads), and still computes the same."""
+    x, p = jnp.linspace(0.0, 1.0, 7), (jnp.float64(2.0), 0.5)
+    PersistedProgram(_program, ("test", "locations"))(x, p)
+    (entry,) = _entries(store)
+    exported = jax.export.deserialize(persisted._read_entry(entry))
+    text = exported.mlir_module()
+    assert "stablehlo.sine" in text
+    assert "test_persisted_programs.py" not in text and "_program" not in text
+    traced = jax.export.export(jax.jit(_program))(x, p).mlir_module()
+    assert "test_persisted_programs.py" in traced          # what stripping removed
+    again = PersistedProgram(_program, ("test", "locations"))(x, p)
+    assert np.asarray(again["y"]).tobytes() == np.asarray(jax.jit(_program)(x, p)["y"]).tobytes()
+
+
 def test_lower_bypasses_the_store(store):
     """``lower`` gives the plain jit's lowering (for measuring a program): it writes nothing,
     and the compiled program computes what the program does."""
