@@ -52,6 +52,20 @@ def _sites(text: str) -> collections.Counter:
     return count
 
 
+def program_call(fn, program: str, inputs=None, solved=None):
+    """(the persisted program, its call arguments) for one of ``fn``'s three Jacobian programs;
+    ``inputs`` and ``solved`` are the inputs and solve programs' outputs (values or shape
+    structs), needed by the programs that read them."""
+    if program == "inputs":
+        return fn._jit_inputs_jvp, (fn.theta0,)
+    (table, rows, y0, background), (dtable, drows, dy0, dbackground) = inputs
+    if program == "solve":
+        return fn._jit_solve_jvp, (table, rows, y0, dtable, drows, dy0)
+    ys, dys = solved
+    return fn._jit_outputs_jvp, (fn.theta0, ys, rows, table, background, dys, drows, dtable,
+                                 dbackground)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "lcdm.yaml"))
@@ -63,17 +77,11 @@ def main(argv=None) -> int:
     from boltzmann.params import load_config
 
     fn = PowerSpectrumFunction(load_config(args.config))
-    inputs, tangents = jax.eval_shape(fn._inputs_and_tangents, fn.theta0)
-    table, rows, y0, background = inputs
-    dtable, drows, dy0, dbackground = tangents
-    if args.program == "inputs":
-        jitted, call = fn._jit_inputs_jvp, (fn.theta0,)
-    elif args.program == "solve":
-        jitted, call = fn._jit_solve_jvp, (table, rows, y0, dtable, drows, dy0)
-    else:
-        ys, dys = jax.eval_shape(fn._solve_and_tangents, table, rows, y0, dtable, drows, dy0)
-        jitted = fn._jit_outputs_jvp
-        call = (fn.theta0, ys, rows, table, background, dys, drows, dtable, dbackground)
+    inputs = jax.eval_shape(fn._inputs_and_tangents, fn.theta0)
+    solved = None
+    if args.program == "outputs":
+        solved = jax.eval_shape(fn._solve_and_tangents, *program_call(fn, "solve", inputs)[1])
+    jitted, call = program_call(fn, args.program, inputs, solved)
     t0 = time.perf_counter()
     lowered = jitted.lower(*call)
     t1 = time.perf_counter()

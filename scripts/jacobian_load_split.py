@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
+from compile_jacobian_programs import program_call  # noqa: E402
+
 from boltzmann import pipeline, runtime  # noqa: E402
 from boltzmann.cli import resolve_config_path  # noqa: E402
 from boltzmann.gradients import PowerSpectrumFunction, available_parameters  # noqa: E402
@@ -49,15 +51,10 @@ def main() -> None:
                                k=result.k[0], z=result.z, backend="jax")
     print("| step | wall [s] | system [s] | minor faults | peak RSS [MiB] |\n|---|---|---|---|---|")
     mark = Marks()
-    programs = {"inputs": fn._jit_inputs_jvp, "solve": fn._jit_solve_jvp}
     inputs_out = None
-    for name, program in programs.items():
-        if name == "inputs":
-            call_args = (fn.theta0,)
-        else:
-            (table, rows, y0, _), (dtable, drows, dy0, _) = inputs_out
-            call_args = (table, rows, y0, dtable, drows, dy0)
-        runnable, leaves = program._program_for(call_args)
+    for name in ("inputs", "solve"):
+        program, call_args = program_call(fn, name, inputs_out)
+        runnable, leaves = program._program_for(call_args)   # the store's program, not plain jit
         mark(f"{name}: deserialise the stored program")
         lowered = runnable.lower(*leaves)
         mark(f"{name}: lower")

@@ -19,9 +19,9 @@ function, a host callback) falls back to plain ``jax.jit``, silently: persistenc
 
 A stored program carries no MLIR locations (``_without_locations``). XLA turns every location into
 per-instruction metadata (the op's name path and Python source line), which the compiled
-executable keeps: for the P(k) Jacobian's solve program, 350k instructions after fusion, that
-metadata was about half of the 74 MB XLA:CPU cache entry, and XLA:CPU rebuilds the whole
-instruction list from the entry whenever a later process loads it.
+executable keeps: for the P(k) Jacobian's solve program, 350k instructions after fusion, it
+makes up about half of a 74-MB XLA:CPU cache entry, and XLA:CPU rebuilds the whole instruction
+list from the entry whenever a later process loads it.
 """
 from __future__ import annotations
 
