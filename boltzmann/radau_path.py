@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from boltzmann import recombination as rec
+from boltzmann.small_linalg import lu_factor_small, lu_solve_small
 
 __all__ = ["radau_path", "affine_recurrence"]
 
@@ -71,7 +72,11 @@ def _integrate(rhs, t_lo, t_hi, y0, stage_args, params, loops):
 
 
 def _step_map(rhs, t0, t1, y, z, stage_args, params, d_stage_args, d_params):
-    """(Φ, β) of one step (see the module docstring) at its converged stage increments ``z``."""
+    """(Φ, β) of one step (see the module docstring) at its converged stage increments ``z``.
+
+    M is small (6 × 6 for the three recombination states): straight-line LU (``small_linalg``) rather than LAPACK, whose
+    batched calls under this vmap share XLA:CPU's thread pool and can deadlock (``LoopShape``).
+    """
     n = y.shape[0]
     h = t1 - t0
     A = jnp.asarray(rec.RADAU_A)
@@ -87,9 +92,10 @@ def _step_map(rhs, t0, t1, y, z, stage_args, params, d_stage_args, d_params):
                    [-h * A[1, 0] * J[0], eye - h * A[1, 1] * J[1]]])
     R = h * jnp.concatenate([A[0, 0] * J[0] + A[0, 1] * J[1], A[1, 0] * J[0] + A[1, 1] * J[1]])
     G = h * jnp.concatenate([A[0, 0] * g[0] + A[0, 1] * g[1], A[1, 0] * g[0] + A[1, 1] * g[1]])
-    lu = jax.scipy.linalg.lu_factor(M)
-    phi = eye + jax.scipy.linalg.lu_solve(lu, R)[n:]
-    beta = jax.scipy.linalg.lu_solve(lu, G)[n:]
+    lu = lu_factor_small(M)
+    columns = jax.vmap(lambda col: lu_solve_small(lu, col), in_axes=1, out_axes=1)
+    phi = eye + columns(R)[n:]
+    beta = lu_solve_small(lu, G)[n:]
     return phi, beta
 
 

@@ -96,7 +96,11 @@ class LoopShape:
         (``recombination.radau_step``'s ``unrolled``);
     scan_unroll: nodes per iteration of each pass's ``lax.scan`` (XLA's ``unroll``);
     inline_solves: the Radau step's small linear systems in straight-line code rather than a
-        LAPACK / cuSOLVER call each (``recombination.radau_step``'s ``inline_solves``).
+        LAPACK / cuSOLVER call each (``recombination.radau_step``'s ``inline_solves``). On by
+        default: on the CPU, batched LAPACK calls (``getrf``/``getrs`` under ``vmap``) split their
+        batch over XLA's intra-op thread pool, and two such calls running at once can each wait
+        for the pool the other holds — a deadlock seen on a 2-core machine in the tables' tangent
+        program. The rolled LAPACK form is kept for comparisons (``scripts/bench_tables.py``).
     The arithmetic is the same; XLA may fuse it differently, which moves the tables at the level
     of rounding. A GPU runs every loop iteration at kernel-launch latency, so fewer, longer
     iterations pay there; on the CPU the rolled form compiles fastest (docs/thermodynamics.md).
@@ -104,7 +108,7 @@ class LoopShape:
 
     newton_unrolled: bool = False
     scan_unroll: int = 1
-    inline_solves: bool = False
+    inline_solves: bool = True
 
     def __post_init__(self):
         if int(self.scan_unroll) < 1:
