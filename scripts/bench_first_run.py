@@ -66,8 +66,10 @@ def main(argv=None) -> int:
     cache = Path(args.cache_dir) if args.cache_dir else work / "cache"
     rows = []
     for i in range(args.runs):
+        empty = not cache.is_dir() or not any(cache.iterdir())
         row = run_once(args, cache, work / f"out{i}")
         row["run"] = i + 1
+        row["cache"] = "empty" if empty else "warm"
         rows.append(row)
         print(f"run {i + 1}: {row['wall_s']:.1f} s, peak {row['max_rss_mb'] or float('nan'):.0f} MB,"
               f" rc {row['rc']}; stages [s]: " + ", ".join(
@@ -84,7 +86,7 @@ def main(argv=None) -> int:
     print("| run | cache | wall [s] | peak RSS [MB] | σ8 identical |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['run']} | {'empty' if r['run'] == 1 and not args.cache_dir else 'warm'} | "
+        print(f"| {r['run']} | {r['cache']} | "
               f"{r['wall_s']:.1f} | {r['max_rss_mb'] or float('nan'):.0f} | {same} |")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

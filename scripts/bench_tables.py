@@ -12,8 +12,9 @@ largest relative difference of the model table from the first shape's.
     python scripts/bench_tables.py --cosmologies 1 128 256 --out DIR        # default device
     python scripts/bench_tables.py --device cpu --cosmologies 1 16          # host CPU
 
-A shape is ``rolled`` (the CPU default), or ``n<N>u<U>`` with an optional ``i``: Newton unrolled
-when N is 1, scan unroll U, and with ``i`` the small systems solved inline (e.g. ``n1u4i``).
+A shape is ``rolled`` (Newton iterations in a loop, the small systems through LAPACK), or ``n<N>u<U>`` with an optional ``i``: Newton unrolled
+when N is 1, scan unroll U, and with ``i`` the small systems solved inline (e.g. ``n1u4i``);
+the CPU default is ``n0u1i``, an accelerator's ``n1u1i``.
 """
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ from boltzmann.thermodynamics import LoopShape  # noqa: E402
 
 
 def parse_shape(name: str) -> LoopShape:
-    if name == "rolled":
-        return LoopShape()
+    if name == "rolled":            # the loops rolled and the small systems through LAPACK
+        return LoopShape(newton_unrolled=False, scan_unroll=1, inline_solves=False)
     inline = name.endswith("i")
     try:
         n, u = name[1:].rstrip("i").split("u")
