@@ -6,6 +6,8 @@
 #              XLA:CPU's Eigen threads off
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
+#   hostpool_more  what that pool would cost as the GPU default: the main job's first and second
+#              process and bench_gpu part d (the Jacobian, whose inputs run on the host) with it
 #   d          bench_gpu part d: the Jacobian ratio at sensitivity error weights (GRAD_SEC, default 1,0.1,0),
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
@@ -54,6 +56,13 @@ for s in ${STEPS:-cb d first_run profile}; do
     hostpool)
         BOLTZMANN_HOST_THREADS=1 step hostpool 300 python scripts/bench_gpu.py --parts c \
             --backends cuda --budget 280 --row-limit 250 --out "$JOB/hostpool" ;;
+    hostpool_more)
+        rm -rf "$CACHE.1t"
+        BOLTZMANN_HOST_THREADS=1 step first_run_1t 300 python scripts/bench_first_run.py \
+            --backend cuda --cache-dir "$CACHE.1t" --out "$JOB/fr_1t"
+        BOLTZMANN_HOST_THREADS=1 step bench_d_1t 600 python scripts/bench_gpu.py --parts d \
+            --backends cuda --budget 560 --row-limit 500 --grad-sec "${GRAD_SEC:-0.1}" \
+            --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_1t" ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
