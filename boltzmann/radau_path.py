@@ -74,8 +74,9 @@ def _integrate(rhs, t_lo, t_hi, y0, stage_args, params, loops):
 def _step_map(rhs, t0, t1, y, z, stage_args, params, d_stage_args, d_params):
     """(Φ, β) of one step (see the module docstring) at its converged stage increments ``z``.
 
-    M is small (6 × 6 for the three recombination states): straight-line LU (``small_linalg``) rather than LAPACK, whose
-    batched calls under this vmap share XLA:CPU's thread pool and can deadlock (``LoopShape``).
+    M is small (6 × 6 for the three recombination states): straight-line LU (``small_linalg``)
+    rather than LAPACK, whose batched calls under this vmap share XLA:CPU's thread pool and can
+    deadlock (``thermodynamics.LoopShape``).
     """
     n = y.shape[0]
     h = t1 - t0

@@ -100,10 +100,11 @@ class LoopShape:
         default: on the CPU, batched LAPACK calls (``getrf``/``getrs`` under ``vmap``) split their
         batch over XLA's intra-op thread pool, and two such calls running at once can each wait
         for the pool the other holds — a deadlock seen on a 2-core machine in the tables' tangent
-        program. The rolled LAPACK form is kept for comparisons (``scripts/bench_tables.py``).
+        program. It is also faster there (docs/thermodynamics.md); the LAPACK form is kept for
+        comparisons (``scripts/bench_tables.py``).
     The arithmetic is the same; XLA may fuse it differently, which moves the tables at the level
     of rounding. A GPU runs every loop iteration at kernel-launch latency, so fewer, longer
-    iterations pay there; on the CPU the rolled form compiles fastest (docs/thermodynamics.md).
+    iterations pay there; on the CPU the Newton loop rolled compiles fastest.
     """
 
     newton_unrolled: bool = False

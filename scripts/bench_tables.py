@@ -12,9 +12,10 @@ largest relative difference of the model table from the first shape's.
     python scripts/bench_tables.py --cosmologies 1 128 256 --out DIR        # default device
     python scripts/bench_tables.py --device cpu --cosmologies 1 16          # host CPU
 
-A shape is ``rolled`` (Newton iterations in a loop, the small systems through LAPACK), or ``n<N>u<U>`` with an optional ``i``: Newton unrolled
-when N is 1, scan unroll U, and with ``i`` the small systems solved inline (e.g. ``n1u4i``);
-the CPU default is ``n0u1i``, an accelerator's ``n1u1i``.
+A shape is ``rolled`` (Newton iterations in a loop, the small systems through LAPACK), or
+``n<N>u<U>`` with an optional ``i``: Newton unrolled when N is 1, scan unroll U, and with ``i``
+the small systems solved inline (e.g. ``n1u4i``); the CPU default is ``n0u1i``, an
+accelerator's ``n1u1i``.
 """
 from __future__ import annotations
 
