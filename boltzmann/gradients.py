@@ -378,8 +378,13 @@ class PowerSpectrumFunction:
         table, rows, y0, background = self._host_inputs(self._jit_stage_inputs, theta)
         return self._jit_solve_outputs(theta, table, rows, y0, background)
 
-    def jacobian(self, theta=None) -> tuple[dict, dict]:
+    def jacobian(self, theta=None, *, release_inputs: bool = False) -> tuple[dict, dict]:
         """(values, jac): jac[name] has the output's shape + (len(θ),).
+
+        ``release_inputs``: drop the inputs program from memory (``jax.clear_caches``) once it
+        has run, before the solve program compiles or loads — for a process that computes one
+        Jacobian (the CLI): on the 2-core CPU the first run's peak falls by ≈ 0.8 GB
+        (docs/benchmarks.md); a caller that will call again keeps it (the default).
 
         Forward mode through the stages as three compiled programs chained by explicit
         tangents — θ → (table, rows, y0) with their len(θ) tangents; the solve with one joint
@@ -393,6 +398,8 @@ class PowerSpectrumFunction:
         t0 = time.perf_counter()
         (table, rows, y0, background), (dtable, drows, dy0, dbackground) = (
             jax.block_until_ready(self._host_inputs(self._jit_inputs_jvp, theta)))
+        if release_inputs:
+            self._jit_inputs_jvp.release()
         t1 = time.perf_counter()
         ys, dys = jax.block_until_ready(self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0))
         t2 = time.perf_counter()
@@ -412,13 +419,13 @@ class PowerSpectrumFunction:
         """(values, jac): the name for what ``jacobian`` returns."""
         return self.jacobian(theta)
 
-    def dlnpk(self, theta=None) -> dict:
+    def dlnpk(self, theta=None, *, release_inputs: bool = False) -> dict:
         """Values and ∂ln P_m/∂θ, ∂ln P_cb/∂θ (n_z, n_k, n_θ), ∂ln σ8/∂θ (n_z, n_θ), the
         background and derived outputs (``background``: {name: value}) and their plain
         derivatives (``dbackground``: {name: output shape + (n_θ,)}), with wall times; raises
         RuntimeError naming the wavenumbers where the solve failed."""
         t0 = time.perf_counter()
-        val, jac = self.jacobian(theta)
+        val, jac = self.jacobian(theta, release_inputs=release_inputs)
         val = {k: np.asarray(v) for k, v in val.items()}
         jac = {k: np.asarray(v) for k, v in jac.items()}
         wall = time.perf_counter() - t0

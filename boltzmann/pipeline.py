@@ -26,9 +26,10 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False,
     (stage, done, total). ``gradients=True`` also computes ∂ln P/∂θ and ∂ln σ8/∂θ for
     ``boltzmann.gradients.available_parameters`` on the same k grid and redshifts, by forward
     sensitivities on the same backend. ``release_compiled``: drop the main job's compiled
-    programs from memory (``jax.clear_caches``) before the derivative programs compile, for a
-    process that runs once (the CLI): the derivatives use none of them, and on the 2-core CPU
-    the process's peak drops by ≈ 0.3 GB; a caller that will run again keeps them.
+    programs from memory (``jax.clear_caches``) before the derivative programs compile, and the
+    derivatives' inputs program before their solve program compiles, for a process that runs
+    once (the CLI): nothing later uses them, and on the 2-core CPU the process's peak drops by
+    ≈ 0.3 GB and ≈ 0.8 GB; a caller that will run again keeps them.
     """
     progress = progress or null_progress
     result = run_ensemble([config.cosmology], config.precision, config.output, backend=backend,
@@ -41,7 +42,8 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False,
         if release_compiled:
             jax.clear_caches()
         t0 = time.perf_counter()
-        result.gradients = derivative_tables(config, result, backend=backend, progress=progress)
+        result.gradients = derivative_tables(config, result, backend=backend, progress=progress,
+                                             release_inputs=release_compiled)
         result.timings["gradients"] = time.perf_counter() - t0
         if getattr(config.output, "cl", ()):
             t0 = time.perf_counter()
@@ -50,16 +52,18 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False,
     return result
 
 
-def derivative_tables(config, result: Result, *, backend="auto", progress=null_progress) -> dict:
+def derivative_tables(config, result: Result, *, backend="auto", progress=null_progress,
+                      release_inputs: bool = False) -> dict:
     """``PowerSpectrumFunction.dlnpk()``'s tables on the result's k grid and redshifts, with a
-    JSON-able ``summary`` (parameters, fiducial θ, ∂ln σ8/∂θ, wall time)."""
+    JSON-able ``summary`` (parameters, fiducial θ, ∂ln σ8/∂θ, wall time); ``release_inputs``
+    as ``PowerSpectrumFunction.jacobian``'s."""
     from .gradients import PowerSpectrumFunction, available_parameters
 
     names = available_parameters(config.cosmology)
     progress("gradients", 0, 1)
     fn = PowerSpectrumFunction(config, parameters=names, k=result.k[0], z=result.z,
                                backend=backend)
-    tables = fn.dlnpk()
+    tables = fn.dlnpk(release_inputs=release_inputs)
     progress("gradients", 1, 1)
     summary = {
         "parameters": list(names),

@@ -26,6 +26,7 @@ list from the entry whenever a later process loads it.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hashlib
 import logging
 from pathlib import Path
@@ -205,6 +206,16 @@ class PersistedProgram:
         if program is self._jit:
             return self._jit(*args)
         return program(*leaves)
+
+    def release(self) -> None:
+        """Drop this program's compiled and deserialised forms, and with them every jit cache of
+        the process (``jax.clear_caches``: XLA keeps a loaded executable for as long as any cache
+        refers to it). The next call loads or compiles again; a process that will not call
+        again frees the memory for what it compiles next."""
+        self._programs.clear()
+        self._jit = jax.jit(self.fn)
+        jax.clear_caches()
+        gc.collect()
 
     def lower(self, *args):
         """The plain ``jax.jit`` lowering for arguments like ``args`` (values or shape structs),

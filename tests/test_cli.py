@@ -360,9 +360,9 @@ def test_release_compiled_clears_jax_caches_before_the_derivatives(monkeypatch):
                         lambda *a, **k: SimpleNamespace(timings={}, cl=None))
     monkeypatch.setattr(pipeline.jax, "clear_caches", lambda: calls.append("clear"))
     monkeypatch.setattr(pipeline, "derivative_tables",
-                        lambda *a, **k: calls.append("derivatives") or {})
+                        lambda *a, **k: calls.append(("derivatives", k["release_inputs"])) or {})
     pipeline.run(config, backend="jax", gradients=True, release_compiled=True)
-    assert calls == ["clear", "derivatives"]
+    assert calls == ["clear", ("derivatives", True)]
     calls.clear()
     pipeline.run(config, backend="jax", gradients=True)
-    assert calls == ["derivatives"]
+    assert calls == [("derivatives", False)]

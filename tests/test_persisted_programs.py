@@ -78,6 +78,23 @@ def test_stored_program_carries_no_locations(store):
     assert np.asarray(again["y"]).tobytes() == np.asarray(jax.jit(_program)(x, p)["y"]).tobytes()
 
 
+def test_release_drops_the_program_and_the_next_call_loads_it_again(store):
+    x, p = jnp.linspace(0.0, 1.0, 7), (jnp.float64(2.0), 0.5)
+    fn, calls = _counting(_program)
+    program = PersistedProgram(fn, ("test", "release"))
+    first = program(x, p)
+    other = jax.jit(lambda v: 2.0 * v)
+    other(x)
+    assert program._programs and other._cache_size() == 1
+    program.release()
+    assert not program._programs and other._cache_size() == 0     # every jit cache dropped
+    before = dict(persisted.STATS)
+    again = program(x, p)                        # from the store, not traced again
+    assert len(calls) == 1 and persisted.STATS["loaded"] == before["loaded"] + 1
+    for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(again)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_lower_bypasses_the_store(store):
     """``lower`` gives the plain jit's lowering (for measuring a program): it writes nothing,
     and the compiled program computes what the program does."""
