@@ -383,7 +383,7 @@ class PowerSpectrumFunction:
 
         ``release_inputs``: drop the inputs program from memory (``jax.clear_caches``) once it
         has run, before the solve program compiles or loads — for a process that computes one
-        Jacobian (the CLI): on the 2-core CPU the first run's peak falls by ≈ 0.8 GB
+        Jacobian (the CLI): on the 2-core CPU the first run's peak fell by 0.4–0.8 GiB
         (docs/benchmarks.md); a caller that will call again keeps it (the default).
 
         Forward mode through the stages as three compiled programs chained by explicit

@@ -29,7 +29,7 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False,
     programs from memory (``jax.clear_caches``) before the derivative programs compile, and the
     derivatives' inputs program before their solve program compiles, for a process that runs
     once (the CLI): nothing later uses them, and on the 2-core CPU the process's peak drops by
-    ≈ 0.3 GB and ≈ 0.8 GB; a caller that will run again keeps them.
+    ≈ 0.3 GB and 0.4–0.8 GiB; a caller that will run again keeps them.
     """
     progress = progress or null_progress
     result = run_ensemble([config.cosmology], config.precision, config.output, backend=backend,
