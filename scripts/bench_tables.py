@@ -45,7 +45,7 @@ from boltzmann.thermodynamics import LoopShape  # noqa: E402
 
 def parse_shape(name: str) -> LoopShape:
     if name == "rolled":            # the loops rolled and the small systems through LAPACK
-        return LoopShape(newton_unrolled=False, scan_unroll=1, inline_solves=False)
+        return LoopShape(inline_solves=False)
     inline = name.endswith("i")
     try:
         n, u = name[1:].rstrip("i").split("u")

@@ -213,7 +213,6 @@ class PersistedProgram:
         refers to it). The next call loads or compiles again; a process that will not call
         again frees the memory for what it compiles next."""
         self._programs.clear()
-        self._jit = jax.jit(self.fn)
         jax.clear_caches()
         gc.collect()
 
