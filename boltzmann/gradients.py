@@ -50,7 +50,10 @@ so ∂/∂w0 and ∂/∂wa exist at every (w0, wa), Λ's (−1, 0) included (tes
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import threading
 import time
 from typing import Sequence
 
@@ -73,6 +76,8 @@ from .tables import DERIVED, host_cpu, tables_one
 from .thermodynamics import compute_thermodynamics
 from .theta import PARAMETERS, ParameterMap, available_parameters
 from .theta import one as _one
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PARAMETERS", "PowerSpectrumFunction", "available_parameters", "DERIVED_OUTPUTS",
            "BACKGROUND_OUTPUTS"]
@@ -399,6 +404,7 @@ class PowerSpectrumFunction:
         (table, rows, y0, background), (dtable, drows, dy0, dbackground) = (
             jax.block_until_ready(self._host_inputs(self._jit_inputs_jvp, theta)))
         if release_inputs:
+            self._wait_for_preload()      # jax.clear_caches must not meet a load in progress
             self._jit_inputs_jvp.release()
         t1 = time.perf_counter()
         ys, dys = jax.block_until_ready(self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0))
@@ -410,6 +416,44 @@ class PowerSpectrumFunction:
         self.last_stage_seconds = {"inputs": t1 - t0, "solve": t2 - t1,
                                    "outputs": time.perf_counter() - t2}
         return out
+
+    def preload(self, theta=None) -> bool:
+        """Start loading the Jacobian's solve program in a background thread, when an earlier
+        process stored it (``solver.persisted``), and return True; False, having started
+        nothing, when it is not stored (a first run: compiling it beside the caller's work would
+        add that compile's gigabytes to the process's peak).
+
+        Why: a later process spends most of its wait before the Jacobian loading its programs
+        -- XLA:CPU rebuilding the solve program's instruction list takes about 20 s on the
+        2-core CPU, single-threaded -- while it computes the main job and loads the inputs
+        program, which it can do at the same time. ``jacobian`` then finds the solve program
+        ready (or waits for the load to finish); θ only sets the arguments' shapes."""
+        theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
+        cpu = host_cpu() if self.inputs_on_host else None
+        with jax.default_device(cpu) if cpu is not None else contextlib.nullcontext():
+            shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
+        if shapes is None:
+            return False
+        (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
+        args = (table, rows, y0, dtable, drows, dy0)
+        if not self._jit_solve_jvp.has_stored(*args):
+            return False
+
+        def load():
+            try:
+                self._jit_solve_jvp.load(*args)
+            except Exception as exc:  # noqa: BLE001 - the call then loads or compiles it itself
+                log.warning("preloading the Jacobian's solve program failed (%s: %s)",
+                            type(exc).__name__, exc)
+
+        self._preloading = threading.Thread(target=load, name="boltzmann-preload", daemon=True)
+        self._preloading.start()
+        return True
+
+    def _wait_for_preload(self) -> None:
+        thread, self._preloading = getattr(self, "_preloading", None), None
+        if thread is not None:
+            thread.join()
 
     def value(self, theta=None) -> dict:
         """The outputs at θ, as calling the object does."""

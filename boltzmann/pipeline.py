@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 
 import jax
+import numpy as np
 
 from .ensemble import Result, run_ensemble
 from .progress import null_progress
 
-__all__ = ["run", "Result"]
+__all__ = ["run", "Result", "derivative_tables", "power_spectrum_function"]
 
 
 def run(config, *, backend="auto", progress=None, gradients: bool = False,
@@ -32,6 +33,12 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False,
     ≈ 0.3 GB and 0.4–0.8 GiB; a caller that will run again keeps them.
     """
     progress = progress or null_progress
+    derivatives, preloading = None, False
+    if gradients:
+        # built first, so that a later process loads the Jacobian's largest program while the
+        # main job runs (PowerSpectrumFunction.preload)
+        derivatives = power_spectrum_function(config, backend=backend)
+        preloading = derivatives.preload()
     result = run_ensemble([config.cosmology], config.precision, config.output, backend=backend,
                           progress=progress)
     if getattr(config.output, "cl", ()):
@@ -39,11 +46,11 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False,
         result.cl = cmb_spectra(config, result, backend=backend, progress=progress)
         result.timings["cmb"] = time.perf_counter() - t0
     if gradients:
-        if release_compiled:
+        if release_compiled and not preloading:   # a load in progress is left alone
             jax.clear_caches()
         t0 = time.perf_counter()
         result.gradients = derivative_tables(config, result, backend=backend, progress=progress,
-                                             release_inputs=release_compiled)
+                                             release_inputs=release_compiled, fn=derivatives)
         result.timings["gradients"] = time.perf_counter() - t0
         if getattr(config.output, "cl", ()):
             t0 = time.perf_counter()
@@ -52,17 +59,25 @@ def run(config, *, backend="auto", progress=None, gradients: bool = False,
     return result
 
 
-def derivative_tables(config, result: Result, *, backend="auto", progress=null_progress,
-                      release_inputs: bool = False) -> dict:
-    """``PowerSpectrumFunction.dlnpk()``'s tables on the result's k grid and redshifts, with a
-    JSON-able ``summary`` (parameters, fiducial θ, ∂ln σ8/∂θ, wall time); ``release_inputs``
-    as ``PowerSpectrumFunction.jacobian``'s."""
+def power_spectrum_function(config, *, backend="auto", k=None, z=None):
+    """The ``PowerSpectrumFunction`` whose ``dlnpk`` the job writes: all of
+    ``available_parameters``, on the config's k grid and redshifts unless ``k``/``z`` say."""
     from .gradients import PowerSpectrumFunction, available_parameters
 
-    names = available_parameters(config.cosmology)
+    return PowerSpectrumFunction(config, parameters=available_parameters(config.cosmology), k=k,
+                                 z=z, backend=backend)
+
+
+def derivative_tables(config, result: Result, *, backend="auto", progress=null_progress,
+                      release_inputs: bool = False, fn=None) -> dict:
+    """``PowerSpectrumFunction.dlnpk()``'s tables on the result's k grid and redshifts, with a
+    JSON-able ``summary`` (parameters, fiducial θ, ∂ln σ8/∂θ, wall time); ``release_inputs``
+    as ``PowerSpectrumFunction.jacobian``'s; ``fn``: the function ``power_spectrum_function``
+    built for this config (used when its grid is the result's, else one is built)."""
     progress("gradients", 0, 1)
-    fn = PowerSpectrumFunction(config, parameters=names, k=result.k[0], z=result.z,
-                               backend=backend)
+    if fn is None or not (np.array_equal(fn.k, result.k[0]) and fn.z == list(result.z)):
+        fn = power_spectrum_function(config, backend=backend, k=result.k[0], z=result.z)
+    names = fn.parameters
     tables = fn.dlnpk(release_inputs=release_inputs)
     progress("gradients", 1, 1)
     summary = {

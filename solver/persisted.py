@@ -29,6 +29,7 @@ import dataclasses
 import gc
 import hashlib
 import logging
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -198,8 +199,12 @@ class PersistedProgram:
         self._parts_digest: str | None = None
         self._keyable = True
         self._jit = jax.jit(fn)
-        #: (store, signature) -> the callable taking the flat argument leaves
+        #: (store, signature) -> the callable taking the flat argument leaves: a loaded
+        #: executable (``load``) or the jit of a stored program
         self._programs: dict = {}
+        #: held while a program is found, loaded or built, so that a background ``load`` and a
+        #: call from another thread never do the same work twice
+        self._lock = threading.RLock()
 
     def __call__(self, *args):
         program, leaves = self._program_for(args)
@@ -207,13 +212,88 @@ class PersistedProgram:
             return self._jit(*args)
         return program(*leaves)
 
+    def stored_output_shapes(self, *args):
+        """The outputs' shapes and dtypes (a pytree of ``jax.ShapeDtypeStruct``) of the program
+        stored for arguments like ``args`` (values or shape structs), read from the store without
+        tracing or compiling anything; None when none is stored. The deserialised program is
+        kept for the call that follows."""
+        with self._lock:
+            found = self._stored(args)
+            if found is None:
+                return None
+            slot, exported, _ = found
+            self._programs.setdefault(slot, jax.jit(exported.call))
+            return jax.tree_util.tree_unflatten(exported.out_tree, [
+                jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
+                for a in exported.out_avals])
+
+    def has_stored(self, *args) -> bool:
+        """Whether the store holds a program for arguments like ``args`` (values or shape
+        structs): its file exists (not read, so not checked)."""
+        found = self._locate(args)
+        return found is not None and found[1].is_file()
+
+    def _locate(self, args):
+        """(slot, the store's file, the argument leaves as shape structs) for ``args``, or None
+        where nothing is persisted (no store, a tracer argument, no key)."""
+        store = _store
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        if store is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return None
+        sig = _signature(leaves, treedef)
+        if sig is None:
+            return None
+        platform = _platform(leaves)
+        key = self.key(platform, sig[0])
+        if key is None:
+            return None
+        return (str(store), platform, sig[0]), store / f"{key}{SUFFIX}", sig[1]
+
+    def load(self, *args) -> bool:
+        """Make the program for arguments like ``args`` (values or shape structs) ready to run
+        -- deserialised from the store and its executable loaded from XLA's cache -- without
+        running it; False, having done nothing, when the store has no such program.
+
+        For a background thread: a later process can load the largest program while it computes
+        something else (``boltzmann.gradients.PowerSpectrumFunction.preload``). What is not
+        stored is not compiled here, since compiling beside the caller's own work would add the
+        compile's memory to the caller's peak."""
+        with self._lock:
+            found = self._locate(args)
+            if found is not None and isinstance(self._programs.get(found[0]), jax.stages.Compiled):
+                return True
+            found = self._stored(args)
+            if found is None:
+                return False
+            slot, exported, structs = found
+            self._programs[slot] = jax.jit(exported.call).lower(*structs).compile()
+            return True
+
+    def _stored(self, args):
+        """(slot, the stored program, the argument leaves as shape structs) for ``args``, or
+        None (nothing persisted, nothing or a corrupt entry stored)."""
+        found = self._locate(args)
+        if found is None:
+            return None
+        slot, path, structs = found
+        payload = _read_entry(path)
+        if payload is None:
+            return None
+        try:
+            exported = jax.export.deserialize(payload)
+        except Exception:  # noqa: BLE001 - a call's _build deletes and rebuilds it
+            return None
+        STATS["loaded"] += 1
+        return slot, exported, structs
+
     def release(self) -> None:
         """Drop this program's compiled and deserialised forms, and with them every jit cache of
         the process (``jax.clear_caches``: XLA keeps a loaded executable for as long as any cache
         refers to it). The next call loads or compiles again; a process that will not call
         again frees the memory for what it compiles next."""
-        self._programs.clear()
-        jax.clear_caches()
+        with self._lock:
+            self._programs.clear()
+            jax.clear_caches()
         gc.collect()
 
     def lower(self, *args):
@@ -249,15 +329,17 @@ class PersistedProgram:
             return self._jit, leaves
         platform = _platform(leaves)
         slot = (str(store), platform, sig[0])
-        program = self._programs.get(slot)
-        if program is None:
-            program = self._build(store, platform, sig, treedef)
-            self._programs[slot] = program
+        with self._lock:
+            program = self._programs.get(slot)
+            if program is None:
+                program = self._build(store, platform, sig, treedef)
+                self._programs[slot] = program
         return program, leaves
 
     def clear(self) -> None:
         """Forget the loaded programs (a later call reads the store again)."""
-        self._programs.clear()
+        with self._lock:
+            self._programs.clear()
 
     def _digest_of_parts(self):
         if self._parts_digest is None and self._keyable:

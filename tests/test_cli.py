@@ -366,3 +366,26 @@ def test_release_compiled_clears_jax_caches_before_the_derivatives(monkeypatch):
     calls.clear()
     pipeline.run(config, backend="jax", gradients=True)
     assert calls == [("derivatives", False)]
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_gradients_preload_the_solve_program_while_the_main_job_runs(monkeypatch, stored):
+    """With gradients, ``pipeline.run`` builds the derivatives' function before the main job and
+    asks it to preload its stored solve program; the derivatives then use that same function.
+    While a load is in progress the one-shot process does not clear JAX's caches under it."""
+    from boltzmann import pipeline
+    from boltzmann.params import load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "lcdm.yaml")
+    calls = []
+    fake = SimpleNamespace(preload=lambda: calls.append("preload") or stored)
+    monkeypatch.setattr(pipeline, "power_spectrum_function", lambda *a, **k: fake)
+    monkeypatch.setattr(pipeline, "run_ensemble",
+                        lambda *a, **k: calls.append("main job") or SimpleNamespace(timings={},
+                                                                                     cl=None))
+    monkeypatch.setattr(pipeline.jax, "clear_caches", lambda: calls.append("clear"))
+    monkeypatch.setattr(pipeline, "derivative_tables",
+                        lambda *a, **k: calls.append(("derivatives", k["fn"] is fake)) or {})
+    pipeline.run(config, backend="jax", gradients=True, release_compiled=True)
+    assert calls == ["preload", "main job"] + ([] if stored else ["clear"]) + [
+        ("derivatives", True)]

@@ -95,6 +95,39 @@ def test_release_drops_the_program_and_the_next_call_loads_it_again(store):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_load_in_a_background_thread_makes_the_call_run_the_loaded_executable(store):
+    """``load`` (what ``PowerSpectrumFunction.preload`` runs in a thread) readies a stored program
+    from shape structs alone; the call then runs that executable (no trace, no second load) and
+    agrees bit for bit. With nothing stored it does nothing and says so, and the stored outputs'
+    shapes come from the store without tracing."""
+    import threading
+
+    x, p = jnp.linspace(0.0, 1.0, 7), (jnp.float64(2.0), 0.5)
+    avals = jax.tree_util.tree_map(jax.typeof, (x, p))      # 0.5 stays weakly typed
+    shapes = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type), avals)
+    fresh, calls = _counting(_program)
+    assert not PersistedProgram(fresh, ("test", 4)).has_stored(*shapes)
+    assert PersistedProgram(fresh, ("test", 4)).load(*shapes) is False
+    assert calls == [] and _entries(store) == []            # nothing traced, nothing written
+    first = PersistedProgram(_program, ("test", 4))(x, p)
+
+    later, calls = _counting(_program)                       # as a later process would
+    program = PersistedProgram(later, ("test", 4))
+    assert program.has_stored(*shapes)
+    out = program.stored_output_shapes(x, p)
+    assert out["y"].shape == (7,) and out["y"].dtype == jnp.float64 and calls == []
+    loaded = []
+    thread = threading.Thread(target=lambda: loaded.append(program.load(*shapes)))
+    thread.start()
+    again = program(x, p)                                    # waits for the load, never repeats it
+    thread.join()
+    assert loaded == [True] and calls == []
+    assert any(isinstance(v, jax.stages.Compiled) for v in program._programs.values())
+    for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(again)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_lower_bypasses_the_store(store):
     """``lower`` gives the plain jit's lowering (for measuring a program): it writes nothing,
     and the compiled program computes what the program does."""

@@ -120,7 +120,8 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
                          lanes: int | str | None = None, initial_step: Callable | None = None):
     """Build the (un-jitted) ensemble solve for one RHS and one linear-algebra plan.
 
-    f(y, t, p, args) -> (n,) array; jac(y, t, p, args) -> (f, J in slot layout, ∂f/∂t).
+    f(y, t, p, args) -> (n,) array; jac(y, t, p, args, h) -> (f, J in slot layout, ∂f/∂t) at the
+    start of a step of size h (h lets a jac that differences in t scale its increment).
     Returned function: run(y0 (N,n), t0 (N,), t_end (N,), t_save (N,m), params (N,P), args,
     rtol, atol (n,), weights (n,), h0 (N,) or NaN for automatic) -> EnsembleResult.
 
@@ -145,7 +146,7 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
         to_end = t_end - t
         last = h >= to_end
         h = jnp.where(last, to_end, h)
-        f0, jvals, dfdt = jac(y, t, p, args)
+        f0, jvals, dfdt = jac(y, t, p, args, h)
         fy = lambda yy, tt: f(yy, tt, p, args)  # noqa: E731
         y1, errv, K = rosenbrock_step_looped(tab, fy, linear, y, t, h, f0, jvals, dfdt)
         err = _weighted_rms(errv, y, y1, rtol, atol, weights, n_weighted)

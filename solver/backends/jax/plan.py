@@ -56,7 +56,8 @@ class JaxPlan:
                                                 args_example if has_args else None)
         # linear / seed_columns: a prebuilt solver for a structured W and the columns J is
         # taken over (the forward-sensitivity solve's block-triangular system, joint.py);
-        # jac_builder(f, linear) -> jac: J's slots computed by the caller instead of sweeps
+        # jac_builder(f, linear) -> jac(y, t, p, args, h): J's slots computed by the caller
+        # instead of sweeps
         # a declared (linear, EB-like) Jacobian: the elimination order of fewest levels -- the
         # level-scheduled LU runs one vectorised operation a level, so fewer levels are fewer
         # operations a step (the default model: 49 + 8 x 33 instead of 175 + 8 x 118; 1.65x
@@ -115,10 +116,10 @@ def _make_jacobian(rhs, has_args, pattern, linear, seed_columns=None):
     plan = build_jacobian_plan(pattern, linear, seed_columns=seed_columns)
 
     if has_args:
-        def jac(y, t, p, args):
+        def jac(y, t, p, args, h):
             return plan.f_jac_and_dfdt(rhs, y, t, p, args)
     else:
-        def jac(y, t, p, args):
+        def jac(y, t, p, args, h):
             return plan.f_jac_and_dfdt(rhs, y, t, p)
     return jac, plan.n_colors
 
@@ -128,7 +129,7 @@ def _direct_jacobian(f, lj, has_args, linear):
     forward sweep in t."""
     placed = build_direct_jacobian(lj, linear.slot_rows, linear.slot_cols)
 
-    def jac(y, t, p, args):
+    def jac(y, t, p, args, h):
         f_val, dfdt = jax.jvp(lambda t_: f(y, t_, p, args), (t,), (jnp.ones_like(t),))
         entries = lj.values(t, p, args) if has_args else lj.values(t, p)
         values = jnp.stack(jnp.broadcast_arrays(*[jnp.asarray(v, y.dtype) for v in entries]))
