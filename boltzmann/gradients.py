@@ -90,6 +90,12 @@ DERIVED_OUTPUTS = ("100*theta_s", "100*theta_star", "rs_d", "z_d", "z_star", "z_
 BACKGROUND_OUTPUTS = ("H", "D_A", "D_M", "D_H", "f", "D")
 
 
+def _solve_sharding():
+    """Where the Jacobian's solve program runs: the default backend's first device (where
+    ``_host_inputs`` puts the inputs computed on the host)."""
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
 class PowerSpectrumFunction:
     """θ ↦ {P_m, P_cb (n_z, n_k) [Mpc³], sigma8, sigma8_cb (n_z,), d_m (n_z, n_k), background
     observables (n_zb,), derived numbers ()} for one config.
@@ -407,7 +413,10 @@ class PowerSpectrumFunction:
             self._wait_for_preload()      # jax.clear_caches must not meet a load in progress
             self._jit_inputs_jvp.release()
         t1 = time.perf_counter()
-        ys, dys = jax.block_until_ready(self._jit_solve_jvp(table, rows, y0, dtable, drows, dy0))
+        # committed to one device, as ``preload`` lowers the program: otherwise a stored
+        # executable would be looked up under another key than the one loaded ahead
+        solve_args = jax.device_put((table, rows, y0, dtable, drows, dy0), _solve_sharding())
+        ys, dys = jax.block_until_ready(self._jit_solve_jvp(*solve_args))
         t2 = time.perf_counter()
         out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, background,
                                                           dys, drows, dtable, dbackground))
@@ -435,7 +444,8 @@ class PowerSpectrumFunction:
         if shapes is None:
             return False
         (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
-        args = (table, rows, y0, dtable, drows, dy0)
+        args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=_solve_sharding())
+                     for a in (table, rows, y0, dtable, drows, dy0))
         if not self._jit_solve_jvp.has_stored(*args):
             return False
 

@@ -234,8 +234,8 @@ class PersistedProgram:
         return found is not None and found[1].is_file()
 
     def _locate(self, args):
-        """(slot, the store's file, the argument leaves as shape structs) for ``args``, or None
-        where nothing is persisted (no store, a tracer argument, no key)."""
+        """(slot, the store's file, the argument leaves as given) for ``args``, or None where
+        nothing is persisted (no store, a tracer argument, no key)."""
         store = _store
         leaves, treedef = jax.tree_util.tree_flatten(args)
         if store is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
@@ -247,10 +247,11 @@ class PersistedProgram:
         key = self.key(platform, sig[0])
         if key is None:
             return None
-        return (str(store), platform, sig[0]), store / f"{key}{SUFFIX}", sig[1]
+        return (str(store), platform, sig[0]), store / f"{key}{SUFFIX}", leaves
 
     def load(self, *args) -> bool:
-        """Make the program for arguments like ``args`` (values or shape structs) ready to run
+        """Make the program for arguments like ``args`` (values, or shape structs with the
+        sharding of the values it will be called with) ready to run
         -- deserialised from the store and its executable loaded from XLA's cache -- without
         running it; False, having done nothing, when the store has no such program.
 
@@ -265,13 +266,15 @@ class PersistedProgram:
             found = self._stored(args)
             if found is None:
                 return False
-            slot, exported, structs = found
-            self._programs[slot] = jax.jit(exported.call).lower(*structs).compile()
+            # lowered from the leaves as given: their shardings are part of XLA's cache key,
+            # so shape structs must carry those of the arrays the program will be called with
+            slot, exported, leaves = found
+            self._programs[slot] = jax.jit(exported.call).lower(*leaves).compile()
             return True
 
     def _stored(self, args):
-        """(slot, the stored program, the argument leaves as shape structs) for ``args``, or
-        None (nothing persisted, nothing or a corrupt entry stored)."""
+        """(slot, the stored program, the argument leaves as given) for ``args``, or None
+        (nothing persisted, nothing or a corrupt entry stored)."""
         found = self._locate(args)
         if found is None:
             return None

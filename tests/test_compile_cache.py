@@ -23,13 +23,13 @@ precision: {l_max_g: %d, l_max_pol_g: 4, l_max_ur: 6, rtol: 1.0e-4, bg_n_lna: 40
 """
 
 
-def _start(tmp_path, name, cache, l_max_g=6):
+def _start(tmp_path, name, cache, l_max_g=6, extra=()):
     config = tmp_path / f"{name}.yaml"
     config.write_text(TINY % l_max_g)
     out = tmp_path / name
     proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "transfer.py"), "--config",
                              str(config), "--cache-dir", str(cache), "--out", str(out),
-                             "--no-plot", "--backend", "jax"],
+                             "--no-plot", "--backend", "jax", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={k: v for k, v in os.environ.items()
                                  if not k.startswith(("BOLTZMANN_", "XDG_CACHE"))})
@@ -103,6 +103,20 @@ def test_corrupted_entries_are_rebuilt(cold_and_warm):
     assert _numbers(pk) == _numbers(pk_cold)
     again, _, _ = _job(tmp, "again", cache)
     assert again["xla_programs_compiled"] == 0        # the rebuilt entries are good
+
+
+def test_gradients_second_process_loads_everything_and_agrees(tmp_path):
+    """``--gradients``: a later process loads the Jacobian's programs too (none compiled) —
+    the solve program among them loaded ahead in a background thread while the main job runs
+    (``PowerSpectrumFunction.preload``), which must find the executable the first process
+    stored, not compile its own — and writes the same derivatives."""
+    cache = tmp_path / "cache"
+    cold, _, _ = _finish(_start(tmp_path, "cold", cache, extra=("--gradients",)))
+    warm, _, _ = _finish(_start(tmp_path, "warm", cache, extra=("--gradients",)))
+    assert cold["xla_programs_compiled"] > 10
+    assert warm["xla_programs_compiled"] == 0, warm
+    assert _numbers((tmp_path / "warm" / "dpk.csv").read_text()) == \
+        _numbers((tmp_path / "cold" / "dpk.csv").read_text())
 
 
 def test_cache_can_be_cleared_and_turned_off(tmp_path):
