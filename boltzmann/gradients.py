@@ -53,8 +53,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import jax
@@ -68,8 +70,8 @@ from solver.persisted import PersistedProgram
 from . import derived as derived_mod
 from . import distances, modes
 from .params import ConfigError, CosmoParams
-from .perturbations import (MAX_STEPS, N_CHUNKS_JAX, mode_inputs, observables, solve_modes,
-                            solve_modes_with_tangents, transfers_of_states)
+from .perturbations import (MAX_STEPS, N_CHUNKS_JAX, chunk_groups, mode_inputs, observables,
+                            solve_modes, solve_modes_with_tangents, transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
 from .tables import DERIVED, host_cpu, tables_one
@@ -94,6 +96,16 @@ def _solve_sharding():
     """Where the Jacobian's solve program runs: the default backend's first device (where
     ``_host_inputs`` puts the inputs computed on the host)."""
     return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def _parallel_solves() -> int:
+    """How many chunk groups the JAX backend's Jacobian solves at the same time: 2 on a CPU
+    with two or more cores, else 1 (one accelerator runs one at a time anyway)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return 2 if jax.default_backend() == "cpu" and cores >= 2 else 1
 
 
 class PowerSpectrumFunction:
@@ -183,6 +195,10 @@ class PowerSpectrumFunction:
         n_chunks = max(1, min(int(n_chunks), self.k_solve.size))
         size = int(math.ceil(self.k_solve.size / n_chunks))
         self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]
+        #: the Jacobian's solve program's index arguments (None: the chunks as they are, a
+        #: non-JAX backend): one group per solve run at the same time (``_solve_groups``)
+        self._chunk_groups = (chunk_groups(self._chunks, _parallel_solves())
+                              if resolve_backend(backend).name == "jax" else None)
         self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
         # the same value as two programs, θ → inputs (placed on the host CPU) and inputs → outputs
@@ -298,13 +314,14 @@ class PowerSpectrumFunction:
         tangents = jax.jacfwd(self._stage_inputs)(theta)
         return inputs, jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, -1, 0), tangents)
 
-    def _solve_and_tangents(self, table, rows, y0, dtable, drows, dy0):
+    def _solve_and_tangents(self, table, rows, y0, dtable, drows, dy0, index=None):
         """(states, their tangents (m, …)) from ONE joint sensitivity solve with the m directions
         (``solver.solve_with_tangents``; on the JAX backend the states are the joint solve's
-        own, so no plain solve runs beside it)."""
+        own, so no plain solve runs beside it); ``index``: the chunks to solve (one of
+        ``_chunk_groups``; the others' modes come back zero), None: all."""
         return solve_modes_with_tangents(
             table, rows, y0, dtable, drows, dy0, self.x0, self.z, self.model, rtol=self.rtol,
-            atol=self.atol, chunks=self._chunks, backend=self.backend,
+            atol=self.atol, chunks=self._chunks if index is None else index, backend=self.backend,
             sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS,
             weights=self.weights)
 
@@ -416,7 +433,7 @@ class PowerSpectrumFunction:
         # committed to one device, as ``preload`` lowers the program: otherwise a stored
         # executable would be looked up under another key than the one loaded ahead
         solve_args = jax.device_put((table, rows, y0, dtable, drows, dy0), _solve_sharding())
-        ys, dys = jax.block_until_ready(self._jit_solve_jvp(*solve_args))
+        ys, dys = self._solve_groups(solve_args)
         t2 = time.perf_counter()
         out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, background,
                                                           dys, drows, dtable, dbackground))
@@ -444,8 +461,11 @@ class PowerSpectrumFunction:
         if shapes is None:
             return False
         (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
+        arrays = (table, rows, y0, dtable, drows, dy0)
+        if self._chunk_groups is not None:
+            arrays += (self._chunk_groups[0],)
         args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=_solve_sharding())
-                     for a in (table, rows, y0, dtable, drows, dy0))
+                     for a in arrays)
         if not self._jit_solve_jvp.has_stored(*args):
             return False
 
@@ -459,6 +479,27 @@ class PowerSpectrumFunction:
         self._preloading = threading.Thread(target=load, name="boltzmann-preload", daemon=True)
         self._preloading.start()
         return True
+
+    def _solve_groups(self, solve_args):
+        """(ys, dys): the solve program on every chunk group, the groups at the same time.
+
+        Why threads: XLA:CPU runs one execution of the lock-step loop mostly on one core (its
+        thousands of small kernels a step depend on each other), and two executions of the
+        same program run side by side: on the 2-core CPU the two slowest chunks of
+        configs/lcdm.yaml's joint solve took 29.4–29.8 s together against 35.3–36.1 s in turn.
+        Each run returns every mode, zero outside its group, so the sum is the whole."""
+        if self._chunk_groups is None:
+            return jax.block_until_ready(self._jit_solve_jvp(*solve_args))
+
+        def run(index):
+            index = jax.device_put(index, _solve_sharding())
+            return jax.block_until_ready(self._jit_solve_jvp(*solve_args, index))
+
+        if len(self._chunk_groups) == 1:
+            return run(self._chunk_groups[0])
+        with ThreadPoolExecutor(len(self._chunk_groups), "boltzmann-solve") as pool:
+            parts = list(pool.map(run, self._chunk_groups))
+        return jax.tree_util.tree_map(lambda *xs: sum(xs[1:], xs[0]), *parts)
 
     def _wait_for_preload(self) -> None:
         thread, self._preloading = getattr(self, "_preloading", None), None

@@ -27,7 +27,7 @@ from .progress import null_progress
 
 __all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "mode_inputs",
            "solve_modes", "solve_modes_with_tangents", "transfers_of_states", "observables",
-           "MAX_STEPS", "N_CHUNKS_JAX"]
+           "MAX_STEPS", "N_CHUNKS_JAX", "chunk_groups"]
 
 #: step limit of each mode (the slowest sensitivity directions take ~7000 steps at
 #: k = 1 h/Mpc in the default model; plain modes under 1000)
@@ -189,6 +189,24 @@ def padded_chunks(chunks) -> np.ndarray:
     return np.stack([np.concatenate([c, np.full(size - c.size, c[-1])]) for c in chunks])
 
 
+def chunk_groups(chunks, n_groups: int) -> list:
+    """``padded_chunks(chunks)`` split into ``n_groups`` index arrays (chunks per group, size) of
+    equal shape, for one compiled solve run on each group at the same time: chunks (sorted by
+    k, so later ones take more steps) are dealt largest first to the group with the least so
+    far, an equal number to each. One group (all chunks) when they do not divide evenly."""
+    index = padded_chunks(chunks)
+    n = index.shape[0]
+    if n_groups <= 1 or n % n_groups:
+        return [index]
+    load, members = [0] * n_groups, [[] for _ in range(n_groups)]
+    for c in range(n - 1, -1, -1):                     # later chunks: more steps
+        open_groups = [g for g in range(n_groups) if len(members[g]) < n // n_groups]
+        g = min(open_groups, key=lambda g: load[g])
+        members[g].append(c)
+        load[g] += c + 1
+    return [index[sorted(m)] for m in members]
+
+
 def mode_inputs(table, cosmos, k, x0, model, grid):
     """(rows (C·K, P), y0 (C·K, n)): every mode's parameter row and its adiabatic initial state
     at the fixed start times ``x0`` (traceable in ``table`` and ``cosmos``)."""
@@ -215,7 +233,9 @@ def _run_chunks(solve_chunk, chunks, backend, n_modes: int):
             outs = scatter(idx, jax.tree_util.tree_map(lambda _: None, solved) if outs is None
                            else outs, solved)
         return outs
-    index = padded_chunks(chunks)
+    # a (chunks, size) array of mode indices (traced: a program that solves the chunks it is
+    # given) or the chunks themselves, padded here
+    index = chunks if isinstance(chunks, jax.Array) else padded_chunks(chunks)
     solved = jax.lax.map(solve_chunk, jnp.asarray(index))     # (chunks, size, ...)
     solved = jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), solved)
     return scatter(index.reshape(-1), jax.tree_util.tree_map(lambda _: None, solved), solved)

@@ -60,7 +60,9 @@ def program_call(fn, program: str, inputs=None, solved=None):
         return fn._jit_inputs_jvp, (fn.theta0,)
     (table, rows, y0, background), (dtable, drows, dy0, dbackground) = inputs
     if program == "solve":
-        return fn._jit_solve_jvp, (table, rows, y0, dtable, drows, dy0)
+        groups = fn._chunk_groups         # one group's run (on the JAX backend); None: all
+        return fn._jit_solve_jvp, (table, rows, y0, dtable, drows, dy0) + (
+            () if groups is None else (groups[0],))
     ys, dys = solved
     return fn._jit_outputs_jvp, (fn.theta0, ys, rows, table, background, dys, drows, dtable,
                                  dbackground)

@@ -271,7 +271,8 @@ def test_jacobian_programs_are_persisted(tmp_path):
         (table, rows, y0, bg), (dtable, drows, dy0, dbg) = jax.tree_util.tree_map(
             lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn._inputs_and_tangents, theta))
         return (fn._jit_inputs_jvp.prepare(theta),
-                fn._jit_solve_jvp.prepare(table, rows, y0, dtable, drows, dy0))
+                fn._jit_solve_jvp.prepare(table, rows, y0, dtable, drows, dy0,
+                                          *fn._chunk_groups[:1]))
 
     set_program_store(tmp_path)
     try:
