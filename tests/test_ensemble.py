@@ -149,3 +149,18 @@ def test_padded_chunks_repeat_a_chunks_last_mode():
     assert idx.tolist() == [[3, 0, 2], [1, 1, 1]]
     with pytest.raises(ValueError, match="at least one mode"):
         padded_chunks([np.array([0]), np.array([], np.int64)])
+
+
+def test_chunk_groups_deal_every_chunk_once_and_balance_by_k():
+    """The Jacobian's concurrent solves: equal-shaped groups that together hold every chunk
+    once; the chunk of the largest k (most steps) shares its group with the smallest."""
+    from boltzmann.perturbations import chunk_groups, padded_chunks
+
+    chunks = [np.arange(c * 26, min(101, (c + 1) * 26)) for c in range(4)]
+    groups = chunk_groups(chunks, 2)
+    assert len(groups) == 2 and groups[0].shape == groups[1].shape == (2, 26)
+    rows = sorted(tuple(r) for g in groups for r in g.tolist())
+    assert rows == sorted(tuple(r) for r in padded_chunks(chunks).tolist())
+    assert {int(g[0, 0]) for g in groups if 78 in g[:, 0]} == {0}
+    assert len(chunk_groups(chunks[:3], 2)) == 1          # three chunks do not split in two
+    assert len(chunk_groups(chunks, 1)) == 1
