@@ -70,7 +70,7 @@ from solver.persisted import PersistedProgram
 from . import derived as derived_mod
 from . import distances, modes
 from .params import ConfigError, CosmoParams
-from .perturbations import (MAX_STEPS, N_CHUNKS_JAX, chunk_groups, mode_inputs, observables,
+from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
                             solve_modes, solve_modes_with_tangents, transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
@@ -90,6 +90,14 @@ DERIVED_OUTPUTS = ("100*theta_s", "100*theta_star", "rs_d", "z_d", "z_star", "z_
 #: background observables at ``z_background`` among the outputs: H [1/Mpc], D_A, D_M, D_H
 #: [Mpc], growth rate f and factor D (``boltzmann.distances``, as background.csv has them)
 BACKGROUND_OUTPUTS = ("H", "D_A", "D_M", "D_H", "f", "D")
+
+
+#: k-chunks of a PowerSpectrumFunction on the JAX backend (the main job's are
+#: ``perturbations.N_CHUNKS_JAX``): smaller lock-step chunks spend fewer steps on modes that
+#: have finished, and two groups of them run at the same time on a multi-core CPU. The
+#: ``--gradients`` second run on the 2-core CPU: 53.4 s with 4 chunks, 37.5 s with 8, 45.3 s
+#: with 16 (solve 33.4, 20.3, 27.2 s; docs/benchmarks.md)
+N_CHUNKS_JACOBIAN_JAX = 8
 
 
 def _solve_sharding():
@@ -137,7 +145,7 @@ class PowerSpectrumFunction:
     ``boltzmann.derived.NAMES`` but σ8's, which are outputs of their own), ``rtol`` overrides
     the precision's, ``n_chunks`` splits the modes (sorted by k) into that many solves (default:
     1 on the CUDA backend, whose solves run in turn, each as long as its slowest mode;
-    ``perturbations.N_CHUNKS_JAX`` lock-step solves on the JAX backend),
+    ``N_CHUNKS_JACOBIAN_JAX`` lock-step solves on the JAX backend),
     ``with_sigma8=False`` drops σ8 and its extra modes, ``sensitivity_error_control`` (True = 1,
     False = 0 or a weight in between; default: the precision's ``sensitivity_error_weight``)
     and ``backend`` ("jax", "cuda" or "auto") are passed to ``solve_diff`` (docs/gradients.md).
@@ -191,7 +199,7 @@ class PowerSpectrumFunction:
         modes.check_start_times(self.x0, self.grid, self.x_save, prec)
         order = np.argsort(self.k_solve)
         if n_chunks is None:
-            n_chunks = N_CHUNKS_JAX if resolve_backend(backend).name == "jax" else 1
+            n_chunks = N_CHUNKS_JACOBIAN_JAX if resolve_backend(backend).name == "jax" else 1
         n_chunks = max(1, min(int(n_chunks), self.k_solve.size))
         size = int(math.ceil(self.k_solve.size / n_chunks))
         self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]
