@@ -11,6 +11,7 @@
 #   d          bench_gpu part d: the Jacobian ratio at sensitivity error weights (GRAD_SEC, default 1,0.1,0),
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
+#   first_run_grad  the same with --gradients (the first Jacobian call and a later process's)
 #   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
 #              per-stage times (the line-of-sight k windows' effect on the GPU)
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
@@ -74,6 +75,11 @@ for s in ${STEPS:-cb d first_run profile}; do
         rm -rf "$CACHE"
         step first_run 300 python scripts/bench_first_run.py --backend cuda --cache-dir "$CACHE" \
             --out "$JOB/fr" ;;
+    first_run_grad)
+        # issue 14's H200 Jacobian targets: `--gradients --backend cuda`, empty cache, twice
+        rm -rf "$CACHE.grad"
+        step first_run_grad 540 python scripts/bench_first_run.py --backend cuda --gradients \
+            --cache-dir "$CACHE.grad" --out "$JOB/fr_grad" ;;
     cl)
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --out "$JOB/cl" ;;
