@@ -207,6 +207,8 @@ class PowerSpectrumFunction:
         #: non-JAX backend): one group per solve run at the same time (``_solve_groups``)
         self._chunk_groups = (chunk_groups(self._chunks, _parallel_solves())
                               if resolve_backend(backend).name == "jax" else None)
+        #: the thread loading the stored solve program (``preload``), None when none runs
+        self._preloading: threading.Thread | None = None
         self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
         # the same value as two programs, θ → inputs (placed on the host CPU) and inputs → outputs
@@ -510,7 +512,7 @@ class PowerSpectrumFunction:
         return jax.tree_util.tree_map(lambda *xs: sum(xs[1:], xs[0]), *parts)
 
     def _wait_for_preload(self) -> None:
-        thread, self._preloading = getattr(self, "_preloading", None), None
+        thread, self._preloading = self._preloading, None
         if thread is not None:
             thread.join()
 

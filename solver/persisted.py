@@ -31,7 +31,7 @@ import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -181,6 +181,18 @@ def _write_entry(path: Path, payload: bytes) -> None:
     atomic_write(path, MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
 
 
+class _Site(NamedTuple):
+    """Where one signature's program lives: its slot in ``PersistedProgram._programs`` (store,
+    platform, signature), its file (None: the function has no key), the flat argument leaves as
+    given, their tree and their abstract values."""
+
+    slot: tuple
+    path: Path | None
+    leaves: list
+    treedef: object
+    avals: list
+
+
 class PersistedProgram:
     """``jax.jit(fn)``, with its traced form persisted in the program store.
 
@@ -218,11 +230,11 @@ class PersistedProgram:
         tracing or compiling anything; None when none is stored. The deserialised program is
         kept for the call that follows."""
         with self._lock:
-            found = self._stored(args)
-            if found is None:
+            site = self._site(args)
+            exported = None if site is None else self._read_exported(site.path)
+            if exported is None:
                 return None
-            slot, exported, _ = found
-            self._programs.setdefault(slot, jax.jit(exported.call))
+            self._programs.setdefault(site.slot, jax.jit(exported.call))
             return jax.tree_util.tree_unflatten(exported.out_tree, [
                 jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
                 for a in exported.out_avals])
@@ -230,64 +242,32 @@ class PersistedProgram:
     def has_stored(self, *args) -> bool:
         """Whether the store holds a program for arguments like ``args`` (values or shape
         structs): its file exists (not read, so not checked)."""
-        found = self._locate(args)
-        return found is not None and found[1].is_file()
-
-    def _locate(self, args):
-        """(slot, the store's file, the argument leaves as given) for ``args``, or None where
-        nothing is persisted (no store, a tracer argument, no key)."""
-        store = _store
-        leaves, treedef = jax.tree_util.tree_flatten(args)
-        if store is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
-            return None
-        sig = _signature(leaves, treedef)
-        if sig is None:
-            return None
-        platform = _platform(leaves)
-        key = self.key(platform, sig[0])
-        if key is None:
-            return None
-        return (str(store), platform, sig[0]), store / f"{key}{SUFFIX}", leaves
+        site = self._site(args)
+        return site is not None and site.path is not None and site.path.is_file()
 
     def load(self, *args) -> bool:
         """Make the program for arguments like ``args`` (values, or shape structs with the
-        sharding of the values it will be called with) ready to run
-        -- deserialised from the store and its executable loaded from XLA's cache -- without
-        running it; False, having done nothing, when the store has no such program.
+        sharding of the values it will be called with) ready to run -- deserialised from the
+        store and its executable loaded from XLA's cache -- without running it; False, having
+        done nothing, when the store has no such program.
 
         For a background thread: a later process can load the largest program while it computes
         something else (``boltzmann.gradients.PowerSpectrumFunction.preload``). What is not
         stored is not compiled here, since compiling beside the caller's own work would add the
         compile's memory to the caller's peak."""
         with self._lock:
-            found = self._locate(args)
-            if found is not None and isinstance(self._programs.get(found[0]), jax.stages.Compiled):
+            site = self._site(args)
+            if site is None:
+                return False
+            if isinstance(self._programs.get(site.slot), jax.stages.Compiled):
                 return True
-            found = self._stored(args)
-            if found is None:
+            exported = self._read_exported(site.path)
+            if exported is None:
                 return False
             # lowered from the leaves as given: their shardings are part of XLA's cache key,
             # so shape structs must carry those of the arrays the program will be called with
-            slot, exported, leaves = found
-            self._programs[slot] = jax.jit(exported.call).lower(*leaves).compile()
+            self._programs[site.slot] = jax.jit(exported.call).lower(*site.leaves).compile()
             return True
-
-    def _stored(self, args):
-        """(slot, the stored program, the argument leaves as given) for ``args``, or None
-        (nothing persisted, nothing or a corrupt entry stored)."""
-        found = self._locate(args)
-        if found is None:
-            return None
-        slot, path, structs = found
-        payload = _read_entry(path)
-        if payload is None:
-            return None
-        try:
-            exported = jax.export.deserialize(payload)
-        except Exception:  # noqa: BLE001 - a call's _build deletes and rebuilds it
-            return None
-        STATS["loaded"] += 1
-        return slot, exported, structs
 
     def release(self) -> None:
         """Drop this program's compiled and deserialised forms, and with them every jit cache of
@@ -319,25 +299,51 @@ class PersistedProgram:
     def _program_for(self, args):
         """(the callable for ``args``' signature — ``self._jit`` when not persisted —, the flat
         argument leaves)."""
+        if _store is None:
+            return self._jit, jax.tree_util.tree_leaves(args)
+        site = self._site(args)
+        if site is None:
+            STATS["plain"] += 1
+            return self._jit, jax.tree_util.tree_leaves(args)
+        with self._lock:
+            program = self._programs.get(site.slot)
+            if program is None:
+                program = self._build(site)
+                self._programs[site.slot] = program
+        return program, site.leaves
+
+    def _site(self, args) -> _Site | None:
+        """Where the program for ``args`` lives in the store, or None where nothing can be
+        persisted (no store, a tracer argument, an argument jit treats specially)."""
         store = _store
         leaves, treedef = jax.tree_util.tree_flatten(args)
-        if store is None:
-            return self._jit, leaves
-        if any(isinstance(x, jax.core.Tracer) for x in leaves):
-            STATS["plain"] += 1
-            return self._jit, leaves
+        if store is None or any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return None
         sig = _signature(leaves, treedef)
         if sig is None:
-            STATS["plain"] += 1
-            return self._jit, leaves
+            return None
         platform = _platform(leaves)
-        slot = (str(store), platform, sig[0])
-        with self._lock:
-            program = self._programs.get(slot)
-            if program is None:
-                program = self._build(store, platform, sig, treedef)
-                self._programs[slot] = program
-        return program, leaves
+        key = self.key(platform, sig[0])
+        return _Site(slot=(str(store), platform, sig[0]),
+                     path=None if key is None else store / f"{key}{SUFFIX}",
+                     leaves=leaves, treedef=treedef, avals=sig[1])
+
+    def _read_exported(self, path: Path | None):
+        """The program stored at ``path``, or None (no key, nothing stored, or an entry that is
+        corrupt or written by an incompatible jaxlib: then deleted, so that it is rebuilt)."""
+        payload = None if path is None else _read_entry(path)
+        if payload is None:
+            return None
+        try:
+            exported = jax.export.deserialize(payload)
+        except Exception as exc:  # noqa: BLE001 - e.g. written by an incompatible jaxlib
+            log.debug("%s: %s does not deserialize (%s): deleted", self.name, path.name, exc)
+            STATS["corrupt"] += 1
+            path.unlink(missing_ok=True)
+            return None
+        STATS["loaded"] += 1
+        log.debug("%s: loaded %s", self.name, path.name)
+        return exported
 
     def clear(self) -> None:
         """Forget the loaded programs (a later call reads the store again)."""
@@ -370,33 +376,22 @@ class PersistedProgram:
             h.update(str(item).encode() + b"\x00")
         return h.hexdigest()
 
-    def _build(self, store: Path, platform: str, sig, treedef):
+    def _build(self, site: _Site):
         """The callable for one signature: loaded from the store, else exported and written;
         plain jit (``self._jit``) if that fails."""
-        signature, avals = sig
-        key = self.key(platform, signature)
-        if key is None:
+        if site.path is None:
             STATS["plain"] += 1
             return self._jit
-        path = store / f"{key}{SUFFIX}"
-        payload = _read_entry(path)
-        if payload is not None:
-            try:
-                exported = jax.export.deserialize(payload)
-                STATS["loaded"] += 1
-                log.debug("%s: loaded %s", self.name, path.name)
-                return jax.jit(exported.call)
-            except Exception as exc:  # noqa: BLE001 - e.g. written by an incompatible jaxlib
-                log.debug("%s: %s does not deserialize (%s): deleted", self.name, path.name, exc)
-                STATS["corrupt"] += 1
-                path.unlink(missing_ok=True)
-        fn = self.fn
+        exported = self._read_exported(site.path)
+        if exported is not None:
+            return jax.jit(exported.call)
+        fn, treedef, platform, path = self.fn, site.treedef, site.slot[1], site.path
 
         def flat(*leaves):
             return fn(*jax.tree_util.tree_unflatten(treedef, leaves))
 
         try:
-            exported = jax.export.export(jax.jit(flat), platforms=[platform])(*avals)
+            exported = jax.export.export(jax.jit(flat), platforms=[platform])(*site.avals)
             payload = bytes(_without_locations(exported).serialize())
             # what a later process runs: the program as read back, so both share XLA entries
             exported = jax.export.deserialize(payload)
