@@ -495,9 +495,10 @@ class PowerSpectrumFunction:
 
         Why threads: XLA:CPU runs one execution of the lock-step loop mostly on one core (its
         thousands of small kernels a step depend on each other), and two executions of the
-        same program run side by side: on the 2-core CPU the two slowest chunks of
-        configs/lcdm.yaml's joint solve took 29.4–29.8 s together against 35.3–36.1 s in turn.
-        Each run returns every mode, zero outside its group, so the sum is the whole."""
+        same program run side by side: the ``--gradients`` second run's solve stage took 33.4 s
+        against 53.4 s in turn on the 2-core CPU (``scripts/bench_first_run.py``,
+        docs/benchmarks.md). Each run returns every mode, zero outside its group, so the sum is
+        the whole."""
         if self._chunk_groups is None:
             return jax.block_until_ready(self._jit_solve_jvp(*solve_args))
 

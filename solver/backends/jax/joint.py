@@ -112,10 +112,10 @@ def central_dfdt(f_of_t, t, h):
     f at (t − δ, t, t + δ), δ = max(2⁻²⁰ h, 2⁻⁴⁰ max(|t|, 1)).
 
     Why not forward mode: ``jax.jvp`` in t of the joint rhs differentiates a jvp (the
-    directions' tangents) again, and in the P(k) Jacobian's solve program that forward-over-
-    forward copy was a third of the step loop (157k of 280k optimized XLA instructions for the
-    default model; the three-time evaluation is 66k): a third of what a later process loads and
-    of the first process's compile, for a step no faster.
+    directions' tangents) again, a third of the step's Jacobian in the compiled program, for a
+    step no faster: a third of what a later process loads and of the first process's compile
+    (the P(k) ``--gradients`` first run's peak fell from 5554 to 4341 MB on the 2-core CPU,
+    ``scripts/bench_first_run.py``, docs/benchmarks.md).
 
     Why it is good enough: ∂f/∂t enters a Rosenbrock stage only as h·d_i·∂f/∂t, so the error
     that matters is that of h·∂f/∂t. Rounding contributes ≲ hε|f|/δ ≤ 2²⁰ε|f| ≈ 2e-10 |f|
