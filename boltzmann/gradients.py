@@ -50,13 +50,9 @@ so ∂/∂w0 and ∂/∂wa exist at every (w0, wa), Λ's (−1, 0) included (tes
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import jax
@@ -69,6 +65,7 @@ from solver.persisted import PersistedProgram
 
 from . import derived as derived_mod
 from . import distances, modes
+from .gradients_ahead import AheadOfCall, parallel_solves, solve_sharding
 from .params import ConfigError, CosmoParams
 from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
                             solve_modes, solve_modes_with_tangents, transfers_of_states)
@@ -100,23 +97,7 @@ BACKGROUND_OUTPUTS = ("H", "D_A", "D_M", "D_H", "f", "D")
 N_CHUNKS_JACOBIAN_JAX = 8
 
 
-def _solve_sharding():
-    """Where the Jacobian's solve program runs: the default backend's first device (where
-    ``_host_inputs`` puts the inputs computed on the host)."""
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
-
-
-def _parallel_solves() -> int:
-    """How many chunk groups the JAX backend's Jacobian solves at the same time: 2 on a CPU
-    with two or more cores, else 1 (one accelerator runs one at a time anyway)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return 2 if jax.default_backend() == "cpu" and cores >= 2 else 1
-
-
-class PowerSpectrumFunction:
+class PowerSpectrumFunction(AheadOfCall):
     """θ ↦ {P_m, P_cb (n_z, n_k) [Mpc³], sigma8, sigma8_cb (n_z,), d_m (n_z, n_k), background
     observables (n_zb,), derived numbers ()} for one config.
 
@@ -205,10 +186,10 @@ class PowerSpectrumFunction:
         self._chunks = [order[c:c + size] for c in range(0, self.k_solve.size, size)]
         #: the Jacobian's solve program's index arguments (None: the chunks as they are, a
         #: non-JAX backend): one group per solve run at the same time (``_solve_groups``)
-        self._chunk_groups = (chunk_groups(self._chunks, _parallel_solves())
+        self._chunk_groups = (chunk_groups(self._chunks, parallel_solves())
                               if resolve_backend(backend).name == "jax" else None)
-        #: the thread loading the stored solve program (``preload``), None when none runs
-        self._preloading: threading.Thread | None = None
+        # ``preload``'s background work (gradients_ahead): none yet
+        self._preloading = self._prefetched = None
         self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
         # the same value as two programs, θ → inputs (placed on the host CPU) and inputs → outputs
@@ -434,15 +415,15 @@ class PowerSpectrumFunction:
         them; on the CUDA backend they are the plain solve's."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         t0 = time.perf_counter()
-        (table, rows, y0, background), (dtable, drows, dy0, dbackground) = (
-            jax.block_until_ready(self._host_inputs(self._jit_inputs_jvp, theta)))
+        # computed ahead by ``preload`` on an accelerator, else now
+        (table, rows, y0, background), (dtable, drows, dy0, dbackground) = self._inputs_at(theta)
         if release_inputs:
             self._wait_for_preload()      # jax.clear_caches must not meet a load in progress
             self._jit_inputs_jvp.release()
         t1 = time.perf_counter()
         # committed to one device, as ``preload`` lowers the program: otherwise a stored
         # executable would be looked up under another key than the one loaded ahead
-        solve_args = jax.device_put((table, rows, y0, dtable, drows, dy0), _solve_sharding())
+        solve_args = jax.device_put((table, rows, y0, dtable, drows, dy0), solve_sharding())
         ys, dys = self._solve_groups(solve_args)
         t2 = time.perf_counter()
         out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, background,
@@ -452,70 +433,6 @@ class PowerSpectrumFunction:
         self.last_stage_seconds = {"inputs": t1 - t0, "solve": t2 - t1,
                                    "outputs": time.perf_counter() - t2}
         return out
-
-    def preload(self, theta=None) -> bool:
-        """Start loading the Jacobian's solve program in a background thread, when an earlier
-        process stored it (``solver.persisted``), and return True; False, having started
-        nothing, when it is not stored (a first run: compiling it beside the caller's work would
-        add that compile's gigabytes to the process's peak).
-
-        Why: a later process spends most of its wait before the Jacobian loading its programs
-        -- XLA:CPU rebuilding the solve program's instruction list takes about 20 s on the
-        2-core CPU, single-threaded -- while it computes the main job and loads the inputs
-        program, which it can do at the same time. ``jacobian`` then finds the solve program
-        ready (or waits for the load to finish); θ only sets the arguments' shapes."""
-        theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
-        cpu = host_cpu() if self.inputs_on_host else None
-        with jax.default_device(cpu) if cpu is not None else contextlib.nullcontext():
-            shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
-        if shapes is None:
-            return False
-        (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
-        arrays = (table, rows, y0, dtable, drows, dy0)
-        if self._chunk_groups is not None:
-            arrays += (self._chunk_groups[0],)
-        args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=_solve_sharding())
-                     for a in arrays)
-        if not self._jit_solve_jvp.has_stored(*args):
-            return False
-
-        def load():
-            try:
-                self._jit_solve_jvp.load(*args)
-            except Exception as exc:  # noqa: BLE001 - the call then loads or compiles it itself
-                log.warning("preloading the Jacobian's solve program failed (%s: %s)",
-                            type(exc).__name__, exc)
-
-        self._preloading = threading.Thread(target=load, name="boltzmann-preload", daemon=True)
-        self._preloading.start()
-        return True
-
-    def _solve_groups(self, solve_args):
-        """(ys, dys): the solve program on every chunk group, the groups at the same time.
-
-        Why threads: XLA:CPU runs one execution of the lock-step loop mostly on one core (its
-        thousands of small kernels a step depend on each other), and two executions of the
-        same program run side by side: the ``--gradients`` second run's solve stage took 33.4 s
-        against 53.4 s in turn on the 2-core CPU (``scripts/bench_first_run.py``,
-        docs/benchmarks.md). Each run returns every mode, zero outside its group, so the sum is
-        the whole."""
-        if self._chunk_groups is None:
-            return jax.block_until_ready(self._jit_solve_jvp(*solve_args))
-
-        def run(index):
-            index = jax.device_put(index, _solve_sharding())
-            return jax.block_until_ready(self._jit_solve_jvp(*solve_args, index))
-
-        if len(self._chunk_groups) == 1:
-            return run(self._chunk_groups[0])
-        with ThreadPoolExecutor(len(self._chunk_groups), "boltzmann-solve") as pool:
-            parts = list(pool.map(run, self._chunk_groups))
-        return jax.tree_util.tree_map(lambda *xs: sum(xs[1:], xs[0]), *parts)
-
-    def _wait_for_preload(self) -> None:
-        thread, self._preloading = self._preloading, None
-        if thread is not None:
-            thread.join()
 
     def value(self, theta=None) -> dict:
         """The outputs at θ, as calling the object does."""

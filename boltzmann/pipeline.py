@@ -13,6 +13,8 @@ import time
 import jax
 import numpy as np
 
+from solver.backends.registry import resolve_backend
+
 from .ensemble import Result, run_ensemble
 from .progress import null_progress
 
@@ -88,7 +90,9 @@ def derivative_tables(config, result: Result, *, backend="auto", progress=null_p
         "seconds": float(tables["seconds"]),
         "stage_seconds": fn.last_stage_seconds,
     }
-    launch = getattr(backend, "last_sensitivity_info", None)  # a CudaBackend's last tangents
+    # a CudaBackend's last tangents (its compile or cache-load seconds among them); a backend
+    # given by name is the shared instance ``resolve_backend`` returns
+    launch = getattr(resolve_backend(fn.backend), "last_sensitivity_info", None)
     if launch:
         summary["sensitivity_kernel"] = {k: v for k, v in launch.items() if isinstance(
             v, (bool, int, float, str, type(None)))}
