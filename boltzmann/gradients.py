@@ -307,8 +307,8 @@ class PowerSpectrumFunction(AheadOfCall):
 
     def _solve_and_tangents(self, table, rows, y0, dtable, drows, dy0, index=None):
         """(states, their tangents (m, …)) from ONE joint sensitivity solve with the m directions
-        (``solver.solve_with_tangents``; on the JAX backend the states are the joint solve's
-        own, so no plain solve runs beside it); ``index``: the chunks to solve (one of
+        (``solver.solve_with_tangents``: the states are the joint solve's own, so no plain
+        solve runs beside it); ``index``: the chunks to solve (one of
         ``_chunk_groups``; the others' modes come back zero), None: all."""
         return solve_modes_with_tangents(
             table, rows, y0, dtable, drows, dy0, self.x0, self.z, self.model, rtol=self.rtol,
@@ -409,10 +409,10 @@ class PowerSpectrumFunction(AheadOfCall):
         tangents — θ → (table, rows, y0) with their len(θ) tangents; the solve with one joint
         sensitivity solve; the outputs' jvp — the same arithmetic as ``jax.jacfwd(f)`` (one
         program), whose single XLA compile of everything at once took several times the memory
-        and longer than the three pieces on the CPU (docs/gradients.md). On the JAX backend the
-        values come from the joint solve (the steps that also control the sensitivities), so
-        they equal ``f(theta)``'s to the solver tolerance, and ∂P/∂θ is exactly consistent with
-        them; on the CUDA backend they are the plain solve's."""
+        and longer than the three pieces on the CPU (docs/gradients.md). The values come from
+        the joint solve (the steps that also control the sensitivities; on the CUDA backend
+        the sensitivity kernel's direction-0 threads), so they equal ``f(theta)``'s to the
+        solver tolerance, and ∂P/∂θ is exactly consistent with them."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         t0 = time.perf_counter()
         # computed ahead by ``preload`` on an accelerator, else now

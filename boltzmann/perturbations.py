@@ -275,8 +275,9 @@ def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model,
                               max_steps: int = MAX_STEPS, weights=None):
     """(states (C·K, n_save, n), their tangents (m, C·K, n_save, n)) along m input tangents
     (leading axis m on dtable, drows, dy0): ``solve_modes``'s derivative by
-    ``solver.solve_with_tangents``, whose values on the JAX backend come from the joint solve
-    itself (one integration loop per chunk in the program, not a plain one beside it)."""
+    ``solver.solve_with_tangents``, whose values come from the joint solve itself (on the JAX
+    backend one integration loop per chunk in the program, on the CUDA backend one
+    sensitivity-kernel launch; no plain solve beside it)."""
     x_save, x0, weights = _solve_settings(z, x0, model, weights)
 
     def solve_chunk(idx):

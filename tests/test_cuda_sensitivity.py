@@ -107,7 +107,7 @@ def test_emulated_bilinear_step_count_exact_joint_jacobian():
     assert np.all(off.n_accepted <= tenth.n_accepted) and np.all(tenth.n_accepted <= r.n_accepted)
     assert tenth.n_accepted.sum() < r.n_accepted.sum()
     # and the tangents agree with the JAX backend's joint solve of all three directions
-    _, dys, info = joint_solve(ROBERTSON.rhs, y0, BILINEAR_TS, k, dparams=dp, **tol)
+    ys_joint, dys, info = joint_solve(ROBERTSON.rhs, y0, BILINEAR_TS, k, dparams=dp, **tol)
     assert info["status"][0] == Status.OK
     assert _rel_err(r.dys, dys).max() <= 10 * tol["rtol"]
 
@@ -218,6 +218,12 @@ def test_emulated_failed_direction_marks_trajectory():
     assert ts_[1] != Status.OK and ts_[0] == ts_[2] == Status.OK
     d = r.dys_or_nan()
     assert np.all(np.isnan(d[:, 1, 1:])) and np.all(np.isfinite(d[:, [0, 2]]))
+    # solve_with_tangents' values from the same launch: NaN where the derivatives are
+    ys, dys = solve_with_tangents(blowup_rhs, y0, ts, p, dy0=s0, dparams=dp, rtol=1e-6,
+                                  atol=1e-9, backend=EMULATED)
+    ys, dys = np.asarray(ys), np.asarray(dys)
+    np.testing.assert_array_equal(np.isnan(dys), np.isnan(d))
+    assert np.all(np.isnan(ys[1, 1:])) and np.all(np.isfinite(ys[[0, 2]]))
 
 
 def test_solve_diff_cuda_path_with_emulated_kernels():
@@ -242,21 +248,24 @@ def test_solve_diff_cuda_path_with_emulated_kernels():
     np.testing.assert_allclose(gv[0], g_cuda, rtol=1e-12)
     np.testing.assert_allclose(gv[1], jax.grad(loss)(1.1 * k, "jax"), rtol=1e-6)
     # one trajectory, its three directions one thread each
-    _, dys, info = joint_solve(ROBERTSON.rhs, ROBERTSON.y0[None], ROB_TS, ROBERTSON.params[None],
+    ys_joint, dys, info = joint_solve(ROBERTSON.rhs, ROBERTSON.y0[None], ROB_TS, ROBERTSON.params[None],
                                dparams=_unit_param_directions(ROBERTSON.params[None]),
                                rtol=1e-8, atol=1e-14, backend=EMULATED)
     assert dys.shape == (3, 1, ROB_TS.size, 3) and info["launch"]["threads"] == 3
     assert info["thread_n_accepted"].shape == (3, 1) and np.all(info["thread_status"] == 0)
     assert info["n_accepted"][0] == info["thread_n_accepted"].max() > 0
-    # solve_with_tangents on the CUDA backend: the plain solve and the sensitivity kernel (it has
-    # no joint values solve), inside jit, equal to jacfwd's derivatives through solve_diff
+    # solve_with_tangents on the CUDA backend: one sensitivity-kernel launch, inside jit, its
+    # values the direction-0 threads' states (joint_solve's, which equal solve_diff's plain
+    # solve to the tolerance) and its derivatives joint_solve's
     dirs, dys_joint = _unit_param_directions(ROBERTSON.params[None]), dys
     ys, dys = jax.jit(lambda q: solve_with_tangents(
         ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, q, dparams=dirs, rtol=1e-8,
         atol=1e-14, backend=EMULATED))(k[None])
     ys_d = solve_diff(ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, k[None],
                       rtol=1e-8, atol=1e-14, backend=EMULATED)
-    np.testing.assert_allclose(ys, ys_d, rtol=1e-12)
+    np.testing.assert_array_equal(ys, ys_joint)
+    np.testing.assert_allclose(ys, ys_d, rtol=1e-6, atol=1e-14)
+    assert not np.array_equal(ys, ys_d)     # other steps: not the plain solve's values
     np.testing.assert_allclose(dys, dys_joint, rtol=1e-12, atol=1e-300)
 
 
@@ -274,8 +283,8 @@ def test_cuda_backend_unavailable_is_clear():
 # ----------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 def test_solve_with_tangents_cuda_equals_jax():
-    """solve_with_tangents on the GPU (the plain kernel and the sensitivity kernel under jit)
-    against the JAX backend's joint solve, Robertson with its three rate directions: values and
+    """solve_with_tangents on the GPU (one sensitivity-kernel launch under jit: values from the
+    direction-0 threads) against the JAX backend's joint solve, Robertson with its three rate directions: values and
     sensitivities to 1e-8 (measured 8e-10 and 7e-10 on an H200)."""
     y0, k = jnp.asarray(ROBERTSON.y0)[None], jnp.asarray(ROBERTSON.params)[None]
     ts = jnp.array([0.0, 1e-2, 1.0, 1e2, 1e4])

@@ -171,7 +171,9 @@ def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=
     come from a separate plain solve: two integration loops in the compiled program. Here, on
     the JAX backend, ys is the joint solve's own y (the steps that also control the
     sensitivities, so ys equals ``solve_diff``'s to the tolerance, not to rounding), and the
-    program holds one loop. Other backends run the plain solve and the sensitivity solve.
+    program holds one loop. A backend with its own joint solve supplies both
+    (``Backend.solve_with_sensitivities``: the CUDA backend's sensitivity kernel); for any other
+    the plain solve runs beside the sensitivity solve.
     Not differentiable itself (it is the derivative)."""
     cfg, mask, ops, tans = _explicit_directions(
         "solve_with_tangents", rhs, y0, t_save, params, args, dy0, dparams, dargs, rtol, atol,

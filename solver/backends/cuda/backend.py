@@ -179,6 +179,21 @@ class CudaBackend(Backend):
         """The tangent (m, N, ns, n) from the sensitivity kernel (host callback): N·m threads,
         one per (trajectory, direction); a trajectory with a failed direction is NaN at the save
         times that direction did not reach, in every direction (``dys_or_nan``)."""
+        return self._sensitivity_callback(spec, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
+                                          with_ys=False)
+
+    def solve_with_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp,
+                                 dargs):
+        """(ys (N, ns, n), dys (m, N, ns, n)) from one sensitivity-kernel launch: the states of
+        each trajectory's direction-0 thread, whose steps also control that direction's
+        sensitivity (so ys equals the plain solve's to the tolerance, as the JAX backend's joint
+        solve gives it), NaN where ``dys`` is. No plain solve runs beside it: a Jacobian then
+        neither launches nor, in a first process, compiles the plain kernel of its model."""
+        return self._sensitivity_callback(spec, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
+                                          with_ys=True)
+
+    def _sensitivity_callback(self, spec, y0, params, leaves, ts, t0, te, dy0, dp, dargs, *,
+                              with_ys):
         import jax
         import jax.numpy as jnp
 
@@ -201,10 +216,17 @@ class CudaBackend(Backend):
                 error_weights=spec.weights, max_steps=spec.max_steps,
                 first_step=spec.first_step, controller=spec.ctrl, tableau=spec.tableau)
             self.last_sensitivity_info = dict(sol.info)
-            return sol.dys_or_nan()
+            dys = sol.dys_or_nan()
+            if not with_ys:
+                return dys
+            ys = np.array(sol.ys, np.float64)
+            ys[np.any(np.isnan(dys), axis=(0, 3))] = np.nan
+            return ys, dys
 
-        return jax.pure_callback(host, jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64), *ops,
-                                 vmap_method="sequential")
+        dys_shape = jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64)
+        shapes = (jax.ShapeDtypeStruct((N, ns, n), jnp.float64), dys_shape) if with_ys \
+            else dys_shape
+        return jax.pure_callback(host, shapes, *ops, vmap_method="sequential")
 
     def joint_solve(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
         """info per trajectory (status: OK unless a direction failed; step counts: the most over
