@@ -188,8 +188,8 @@ class PowerSpectrumFunction(AheadOfCall):
         #: non-JAX backend): one group per solve run at the same time (``_solve_groups``)
         self._chunk_groups = (chunk_groups(self._chunks, parallel_solves())
                               if resolve_backend(backend).name == "jax" else None)
-        # ``preload``'s background work (gradients_ahead): none yet
-        self._preloading = self._prefetched = None
+        #: the thread loading the stored solve program (``preload``), None when none runs
+        self._preloading = None
         self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
         # the same value as two programs, θ → inputs (placed on the host CPU) and inputs → outputs
@@ -415,8 +415,8 @@ class PowerSpectrumFunction(AheadOfCall):
         solver tolerance, and ∂P/∂θ is exactly consistent with them."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         t0 = time.perf_counter()
-        # computed ahead by ``preload`` on an accelerator, else now
-        (table, rows, y0, background), (dtable, drows, dy0, dbackground) = self._inputs_at(theta)
+        (table, rows, y0, background), (dtable, drows, dy0, dbackground) = (
+            jax.block_until_ready(self._host_inputs(self._jit_inputs_jvp, theta)))
         if release_inputs:
             self._wait_for_preload()      # jax.clear_caches must not meet a load in progress
             self._jit_inputs_jvp.release()

@@ -1,14 +1,15 @@
 """The work a ``PowerSpectrumFunction`` can do before, or beside, its Jacobian call.
 
 A one-shot process (the CLI's ``--gradients``) computes the main job first and the Jacobian
-after it. Much of the Jacobian's wait is compiling or loading programs, which need not wait for
-the main job:
+after it. A later process spends much of the Jacobian's wait loading programs an earlier one
+stored, which need not wait for the main job:
 
-* ``preload`` starts, in background threads, what can run beside the main job without adding a
-  compile's memory to a small machine's peak: loading the solve program an earlier process
-  stored (any machine), and on an accelerator also computing the inputs stage -- θ → tables,
-  rows, initial states and their tangents, an XLA:CPU program on the host -- whose compile
-  then overlaps the main job's (the GPU host has the cores and memory for both);
+* ``preload`` loads the stored solve program in a background thread while the main job runs.
+  What is not stored is not compiled there (a first run): on a CPU-only machine that would add
+  the compile's gigabytes to the process's peak. Nor is the inputs stage computed ahead on a
+  GPU machine's host: in a second process with it, the main job's host tables took 8.7 s and
+  its perturbation stage 8.7 s (NVIDIA H100), against about 1 s each in earlier second
+  processes without it (docs/benchmarks.md), more than the Jacobian's wait it removed;
 * ``_solve_groups`` runs the JAX backend's chunk groups of the joint solve at the same time.
 
 ``PowerSpectrumFunction`` inherits these (``AheadOfCall``); the attributes they read are set
@@ -20,11 +21,10 @@ import contextlib
 import logging
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .tables import host_cpu
 
@@ -50,39 +50,29 @@ def parallel_solves() -> int:
 
 
 class AheadOfCall:
-    """Background loads and computations for ``PowerSpectrumFunction.jacobian`` (module
+    """Background loads and parallel solves for ``PowerSpectrumFunction.jacobian`` (module
     docstring). Expects ``theta0``, ``inputs_on_host``, ``_jit_inputs_jvp``,
     ``_jit_solve_jvp``, ``_chunk_groups`` and ``_host_inputs`` of the class it is mixed into."""
 
     #: the thread loading the stored solve program (``preload``), None when none runs
     _preloading: threading.Thread | None = None
-    #: (θ's bytes, the future of the inputs stage's result at θ) started by ``preload``
-    _prefetched: tuple[bytes, Future] | None = None
 
     def preload(self, theta=None) -> bool:
-        """Start, in background threads, what the Jacobian at θ will need and can get ahead of
-        its call, and return whether anything started:
-
-        * on an accelerator (``inputs_on_host``), the inputs stage at θ on the host CPU --
-          compiled, or loaded when an earlier process stored it -- whose result ``jacobian(θ)``
-          then takes instead of computing it;
-        * the solve program, when an earlier process stored it (``solver.persisted``). What is
-          not stored is not compiled beside the caller's work: on a CPU-only machine that would
-          add the compile's gigabytes to the process's peak.
+        """Start loading the Jacobian's solve program in a background thread, when an earlier
+        process stored it (``solver.persisted``), and return True; False, having started
+        nothing, when it is not stored.
 
         Why: a later process on the 2-core CPU spends most of its wait before the Jacobian
         loading its programs -- XLA:CPU rebuilding the solve program's instruction list takes
         about 20 s, single-threaded -- while it computes the main job, which it can do at the
-        same time; on a GPU machine the inputs program's XLA:CPU compile (a first run) or load
-        runs on host cores the main job leaves idle. θ (default: the fiducial) also sets the
-        solve program's argument shapes."""
+        same time. ``jacobian`` then finds the solve program ready (or waits for the load to
+        finish); θ only sets the arguments' shapes."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
-        started = self._prefetch_inputs(theta)
         cpu = host_cpu() if self.inputs_on_host else None
         with jax.default_device(cpu) if cpu is not None else contextlib.nullcontext():
             shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
         if shapes is None:
-            return started
+            return False
         (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
         arrays = (table, rows, y0, dtable, drows, dy0)
         if self._chunk_groups is not None:
@@ -90,7 +80,7 @@ class AheadOfCall:
         args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=solve_sharding())
                      for a in arrays)
         if not self._jit_solve_jvp.has_stored(*args):
-            return started
+            return False
 
         def load():
             try:
@@ -102,32 +92,6 @@ class AheadOfCall:
         self._preloading = threading.Thread(target=load, name="boltzmann-preload", daemon=True)
         self._preloading.start()
         return True
-
-    def _prefetch_inputs(self, theta) -> bool:
-        """Start the inputs stage at θ in a background thread where it runs on the host CPU
-        beside an accelerator (``inputs_on_host``); False, having started nothing, elsewhere."""
-        if not self.inputs_on_host or host_cpu() is None:
-            return False
-        pool = ThreadPoolExecutor(1, "boltzmann-inputs")
-        self._prefetched = (np.asarray(theta).tobytes(),
-                            pool.submit(self._host_inputs, self._jit_inputs_jvp, theta))
-        pool.shutdown(wait=False)
-        return True
-
-    def _inputs_at(self, theta):
-        """The inputs stage's result at θ: the one ``preload`` computed for this θ, else
-        computed now. A prefetch that failed is computed again here, where its error is
-        raised to the caller."""
-        prefetched, self._prefetched = self._prefetched, None
-        if prefetched is not None and prefetched[0] == np.asarray(theta).tobytes():
-            try:
-                return prefetched[1].result()
-            except Exception as exc:  # noqa: BLE001 - raised again by the computation below
-                log.warning("the Jacobian's inputs computed ahead failed (%s: %s)",
-                            type(exc).__name__, exc)
-        elif prefetched is not None:
-            prefetched[1].cancel()
-        return jax.block_until_ready(self._host_inputs(self._jit_inputs_jvp, theta))
 
     def _solve_groups(self, solve_args):
         """(ys, dys): the solve program on every chunk group, the groups at the same time.
@@ -156,13 +120,4 @@ class AheadOfCall:
         thread, self._preloading = self._preloading, None
         if thread is not None:
             thread.join()
-        if self._prefetched is not None:
-            concurrent_wait(self._prefetched[1])
 
-
-def concurrent_wait(future: Future) -> None:
-    """Wait for ``future`` to finish, whatever its outcome."""
-    try:
-        future.exception()
-    except Exception:  # noqa: BLE001 - cancelled: nothing runs
-        pass

@@ -48,6 +48,10 @@ def run_once(args, cache_dir: Path, out_dir: Path) -> dict:
     return {"wall_s": wall, "max_rss_mb": None if peak is None else peak / 1024.0,
             "rc": proc.returncode, "sigma8": record.get("sigma8"),
             "stages_s": record.get("timings_s"), "solver_stats": record.get("solver_stats"),
+            # the Jacobian's own stages (inputs, solve, outputs) and, on CUDA, the sensitivity
+            # kernel's compile or cache-load seconds: where a --gradients run waits
+            "gradients": {k: v for k, v in (record.get("gradients") or {}).items()
+                          if k in ("seconds", "stage_seconds", "sensitivity_kernel")},
             "tail": (proc.stdout + proc.stderr).strip().splitlines()[-12:]}
 
 
@@ -73,7 +77,9 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"run {i + 1}: {row['wall_s']:.1f} s, peak {row['max_rss_mb'] or float('nan'):.0f} MB,"
               f" rc {row['rc']}; stages [s]: " + ", ".join(
-                  f"{k} {v:.1f}" for k, v in (row["stages_s"] or {}).items()), flush=True)
+                  f"{k} {v:.1f}" for k, v in (row["stages_s"] or {}).items())
+              + "".join(f"; gradients' {k} {v:.1f}" for k, v in (
+                  row["gradients"].get("stage_seconds") or {}).items()), flush=True)
         if row["rc"] != 0:
             print("\n".join(row["tail"]), flush=True)
             break
