@@ -12,8 +12,6 @@
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
 #   first_run_grad  the same with --gradients (the first Jacobian call and a later process's)
-#   first_run_grad_tree  a first --gradients run of another commit's tree, unpacked in the
-#              folder TREE (side by side with first_run_grad in one window)
 #   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
 #              per-stage times (the line-of-sight k windows' effect on the GPU)
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
@@ -82,10 +80,6 @@ for s in ${STEPS:-cb d first_run profile}; do
         rm -rf "$CACHE.grad"
         step first_run_grad 540 python scripts/bench_first_run.py --backend cuda --gradients \
             --cache-dir "$CACHE.grad" --out "$JOB/fr_grad" ;;
-    first_run_grad_tree)
-        rm -rf "$CACHE.tree"
-        (cd "$TREE" && step first_run_grad_tree 400 python scripts/bench_first_run.py \
-            --backend cuda --gradients --runs 1 --cache-dir "$CACHE.tree" --out "$JOB/fr_tree") ;;
     cl)
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --out "$JOB/cl" ;;
