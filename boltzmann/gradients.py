@@ -65,7 +65,7 @@ from solver.persisted import PersistedProgram
 
 from . import derived as derived_mod
 from . import distances, modes
-from .gradients_ahead import AheadOfCall, parallel_solves, solve_sharding
+from .gradients_ahead import AheadOfCall, parallel_solves, solve_device, solve_sharding
 from .params import ConfigError, CosmoParams
 from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
                             solve_modes, solve_modes_with_tangents, transfers_of_states)
@@ -294,9 +294,10 @@ class PowerSpectrumFunction(AheadOfCall):
         cpu = host_cpu()
         if not self.inputs_on_host or cpu is None:
             return jax.block_until_ready(program(theta))
+        target = solve_device()
         with jax.default_device(cpu):
             out = program(jax.device_put(theta, cpu))
-        return jax.device_put(out, jax.devices()[0])
+        return jax.device_put(out, target)
 
     # the Jacobian by the chain rule over the stages, one compiled program each
     def _inputs_and_tangents(self, theta):

@@ -30,13 +30,22 @@ from .tables import host_cpu
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AheadOfCall", "solve_sharding", "parallel_solves"]
+__all__ = ["AheadOfCall", "solve_device", "solve_sharding", "parallel_solves"]
+
+
+def solve_device():
+    """Where the Jacobian's solve and outputs run (and ``_host_inputs`` puts the inputs computed
+    on the host): the device a ``jax.default_device`` context names, else the default backend's
+    first device -- so a caller can run the whole Jacobian on the host CPU of a GPU machine."""
+    device = jax.config.jax_default_device
+    if isinstance(device, str):
+        return jax.devices(device)[0]
+    return device if device is not None else jax.devices()[0]
 
 
 def solve_sharding():
-    """Where the Jacobian's solve program runs: the default backend's first device (where
-    ``_host_inputs`` puts the inputs computed on the host)."""
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    """``solve_device()`` as the sharding the solve program's arguments are committed to."""
+    return jax.sharding.SingleDeviceSharding(solve_device())
 
 
 def parallel_solves() -> int:

@@ -357,3 +357,20 @@ def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
                                                   fn.grid))(fn.theta0)[0, :, 0]
     _, dc = jax.jvp(coupling, (rows[0],), (drows,))
     assert np.abs(np.asarray(dc)).max() > 0.0
+
+
+def test_solve_device_follows_a_default_device_context():
+    """The Jacobian's solve runs where a ``jax.default_device`` context says (a GPU test's JAX
+    reference on the host CPU), else on the default backend's first device; its argument
+    sharding is that device's."""
+    import jax
+
+    from boltzmann.gradients_ahead import solve_device, solve_sharding
+
+    cpu = jax.devices("cpu")[-1]
+    assert solve_device() == jax.devices()[0]
+    with jax.default_device(cpu):
+        assert solve_device() == cpu
+        assert solve_sharding().device_set == {cpu}
+    with jax.default_device("cpu"):
+        assert solve_device() == jax.devices("cpu")[0]
