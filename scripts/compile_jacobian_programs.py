@@ -2,12 +2,14 @@
 """How large the P(k) Jacobian's compiled programs are, and what compiling each costs: one of
 ``PowerSpectrumFunction``'s three programs (inputs, solve, outputs) lowered and compiled alone in
 this process, without any persistent cache — StableHLO operations (and, with ``--by-site``, how
-many come from each generated function and solver call site), seconds to lower and to compile,
+many come from each generated function and solver call site; with ``--by-source``, from each
+file and line of this project's source), seconds to lower and to compile,
 the optimized HLO's instruction count and the process's peak resident memory.
 
 Run one program per process, so that the peak is that program's:
 
     python scripts/compile_jacobian_programs.py --program solve [--config configs/lcdm.yaml]
+    python scripts/compile_jacobian_programs.py --program inputs --by-source
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ import jax
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _sites(text: str) -> collections.Counter:
-    """StableHLO operations per (generated function, solver call site) from the debug info."""
+def _op_frames(text: str):
+    """(operation line, its call frames "file:line", innermost first) for every StableHLO
+    operation of a lowering's text with debug info."""
     alias = dict(re.findall(r"^(#loc\d+) = (loc\(.*\))$", text, re.M))
     memo: dict = {}
 
@@ -33,22 +36,42 @@ def _sites(text: str) -> collections.Counter:
             out = []
             for m in re.finditer(r'"([^"]+)":(\d+)|(#loc\d+)', alias.get(a, a)):
                 if m.group(1):
-                    out.append(f"{m.group(1).split('/')[-1]}:{m.group(2)}")
+                    out.append(f"{m.group(1)}:{m.group(2)}")
                 elif depth < 40:
                     out.extend(frames(m.group(3), depth + 1))
             memo[a] = out
         return memo[a]
 
-    count = collections.Counter()
     for line in text.splitlines():
         if "stablehlo." not in line or line.startswith("#loc"):
             continue
         m = re.search(r"loc\((#loc\d+)\)\s*$", line)
-        fr = frames(m.group(1)) if m else []
+        yield line, (frames(m.group(1)) if m else [])
+
+
+def _sites(text: str) -> collections.Counter:
+    """StableHLO operations per (generated function, solver call site) from the debug info."""
+    count = collections.Counter()
+    for _, fr in _op_frames(text):
+        short = [x.split("/")[-1] for x in fr]
         generated = re.sub(r"-[0-9a-f]{6,}>", ">",
-                           next((x.split(":")[0] for x in fr if x.startswith("<")), "-"))
-        site = next((x for x in fr if x.startswith(("ensemble.py", "rosenbrock.py"))), "-")
+                           next((x.split(":")[0] for x in short if x.startswith("<")), "-"))
+        site = next((x for x in short if x.startswith(("ensemble.py", "rosenbrock.py"))), "-")
         count[(generated, site)] += 1
+    return count
+
+
+def _source_lines(text: str) -> collections.Counter:
+    """StableHLO operations per innermost line of this project's source ("-": none but the
+    caller's, e.g. JAX's own reshapes and broadcasts of jacfwd), e.g. the inputs program's,
+    which runs no generated function or solver."""
+    root = str(REPO) + "/"
+    caller = ("scripts/", "solver/persisted.py")
+    count = collections.Counter()
+    for _, fr in _op_frames(text):
+        ours = [x[len(root):] for x in fr
+                if x.startswith(root) and not x[len(root):].startswith(caller)]
+        count[ours[0] if ours else "-"] += 1
     return count
 
 
@@ -73,6 +96,8 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=str(REPO / "configs" / "lcdm.yaml"))
     parser.add_argument("--program", choices=("inputs", "solve", "outputs"), default="solve")
     parser.add_argument("--by-site", action="store_true")
+    parser.add_argument("--by-source", action="store_true",
+                        help="operations per source file and line of this project")
     args = parser.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     from boltzmann.gradients import PowerSpectrumFunction
@@ -87,7 +112,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     lowered = jitted.lower(*call)
     t1 = time.perf_counter()
-    text = lowered.as_text(debug_info=args.by_site)
+    text = lowered.as_text(debug_info=args.by_site or args.by_source)
     n_ops = sum(1 for line in text.splitlines()
                 if "stablehlo." in line and not line.startswith("#loc"))
     t2 = time.perf_counter()
@@ -101,6 +126,15 @@ def main(argv=None) -> int:
     if args.by_site:
         for (generated, site), c in _sites(text).most_common(12):
             print(f"  {c:7d}  {generated:24s} {site}")
+    if args.by_source:
+        lines = _source_lines(text)
+        files = collections.Counter()
+        for where, c in lines.items():
+            files[where.split(":")[0]] += c
+        for title, table in (("per file", files), ("per line", lines)):
+            print(f"  {title}:")
+            for where, c in table.most_common(15):
+                print(f"  {c:7d}  {where}")
     return 0
 
 
