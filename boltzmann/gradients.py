@@ -188,8 +188,6 @@ class PowerSpectrumFunction(AheadOfCall):
         #: non-JAX backend): one group per solve run at the same time (``_solve_groups``)
         self._chunk_groups = (chunk_groups(self._chunks, parallel_solves())
                               if resolve_backend(backend).name == "jax" else None)
-        #: the thread loading the stored solve program (``preload``), None when none runs
-        self._preloading = None
         self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
         # the same value as two programs, θ → inputs (placed on the host CPU) and inputs → outputs

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _op_frames(text: str):
-    """(operation line, its call frames "file:line", innermost first) for every StableHLO
-    operation of a lowering's text with debug info."""
+    """The call frames ("file:line", innermost first) of every StableHLO operation of a
+    lowering's text with debug info."""
     alias = dict(re.findall(r"^(#loc\d+) = (loc\(.*\))$", text, re.M))
     memo: dict = {}
 
@@ -46,13 +46,13 @@ def _op_frames(text: str):
         if "stablehlo." not in line or line.startswith("#loc"):
             continue
         m = re.search(r"loc\((#loc\d+)\)\s*$", line)
-        yield line, (frames(m.group(1)) if m else [])
+        yield frames(m.group(1)) if m else []
 
 
 def _sites(text: str) -> collections.Counter:
     """StableHLO operations per (generated function, solver call site) from the debug info."""
     count = collections.Counter()
-    for _, fr in _op_frames(text):
+    for fr in _op_frames(text):
         short = [x.split("/")[-1] for x in fr]
         generated = re.sub(r"-[0-9a-f]{6,}>", ">",
                            next((x.split(":")[0] for x in short if x.startswith("<")), "-"))
@@ -68,7 +68,7 @@ def _source_lines(text: str) -> collections.Counter:
     root = str(REPO) + "/"
     caller = ("scripts/", "solver/persisted.py")
     count = collections.Counter()
-    for _, fr in _op_frames(text):
+    for fr in _op_frames(text):
         ours = [x[len(root):] for x in fr
                 if x.startswith(root) and not x[len(root):].startswith(caller)]
         count[ours[0] if ours else "-"] += 1

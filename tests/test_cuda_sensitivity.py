@@ -107,7 +107,7 @@ def test_emulated_bilinear_step_count_exact_joint_jacobian():
     assert np.all(off.n_accepted <= tenth.n_accepted) and np.all(tenth.n_accepted <= r.n_accepted)
     assert tenth.n_accepted.sum() < r.n_accepted.sum()
     # and the tangents agree with the JAX backend's joint solve of all three directions
-    ys_joint, dys, info = joint_solve(ROBERTSON.rhs, y0, BILINEAR_TS, k, dparams=dp, **tol)
+    _, dys, info = joint_solve(ROBERTSON.rhs, y0, BILINEAR_TS, k, dparams=dp, **tol)
     assert info["status"][0] == Status.OK
     assert _rel_err(r.dys, dys).max() <= 10 * tol["rtol"]
 
@@ -248,9 +248,10 @@ def test_solve_diff_cuda_path_with_emulated_kernels():
     np.testing.assert_allclose(gv[0], g_cuda, rtol=1e-12)
     np.testing.assert_allclose(gv[1], jax.grad(loss)(1.1 * k, "jax"), rtol=1e-6)
     # one trajectory, its three directions one thread each
-    ys_joint, dys, info = joint_solve(ROBERTSON.rhs, ROBERTSON.y0[None], ROB_TS, ROBERTSON.params[None],
-                               dparams=_unit_param_directions(ROBERTSON.params[None]),
-                               rtol=1e-8, atol=1e-14, backend=EMULATED)
+    ys_joint, dys, info = joint_solve(ROBERTSON.rhs, ROBERTSON.y0[None], ROB_TS,
+                                      ROBERTSON.params[None],
+                                      dparams=_unit_param_directions(ROBERTSON.params[None]),
+                                      rtol=1e-8, atol=1e-14, backend=EMULATED)
     assert dys.shape == (3, 1, ROB_TS.size, 3) and info["launch"]["threads"] == 3
     assert info["thread_n_accepted"].shape == (3, 1) and np.all(info["thread_status"] == 0)
     assert info["n_accepted"][0] == info["thread_n_accepted"].max() > 0

@@ -216,12 +216,7 @@ class CudaBackend(Backend):
                 error_weights=spec.weights, max_steps=spec.max_steps,
                 first_step=spec.first_step, controller=spec.ctrl, tableau=spec.tableau)
             self.last_sensitivity_info = dict(sol.info)
-            dys = sol.dys_or_nan()
-            if not with_ys:
-                return dys
-            ys = np.array(sol.ys, np.float64)
-            ys[np.any(np.isnan(dys), axis=(0, 3))] = np.nan
-            return ys, dys
+            return (sol.ys_or_nan(), sol.dys_or_nan()) if with_ys else sol.dys_or_nan()
 
         dys_shape = jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64)
         shapes = (jax.ShapeDtypeStruct((N, ns, n), jnp.float64), dys_shape) if with_ys \

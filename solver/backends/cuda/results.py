@@ -37,10 +37,20 @@ class SensitivitySolution:
         first = np.argmax(bad, axis=0)
         return np.where(bad.any(axis=0), st[first, np.arange(st.shape[1])], int(Status.OK))
 
+    def unreached(self) -> np.ndarray:
+        """(N, ns): the save times some direction of that trajectory did not reach."""
+        return np.any(np.isnan(self.dys), axis=(0, 3))
+
     def dys_or_nan(self) -> np.ndarray:
         """dys with every direction NaN at the save times some direction of that trajectory did
         not reach (as the JAX backend's joint solve of all directions at once reports)."""
         dys = np.array(self.dys)
-        missing = np.any(np.isnan(dys), axis=(0, 3))          # (N, ns)
-        dys[:, missing] = np.nan
+        dys[:, self.unreached()] = np.nan
         return dys
+
+    def ys_or_nan(self) -> np.ndarray:
+        """ys (the direction-0 threads' states) NaN where ``dys_or_nan`` is: a trajectory's
+        values are only as complete as its slowest direction."""
+        ys = np.array(self.ys, np.float64)
+        ys[self.unreached()] = np.nan
+        return ys
