@@ -282,6 +282,15 @@ def test_jacobian_programs_are_persisted(tmp_path):
         cuda = build(backend="cuda")
         assert cuda._jit_solve_jvp._digest_of_parts() is None      # not keyed: plain jit
         assert cuda._jit_inputs_jvp._digest_of_parts() is not None
+        # a backend object (the CLI's): its inputs and outputs programs, which run no solver,
+        # are keyed as for its name -- a later process loads them --, its solve is not
+        from solver import CudaBackend, JaxBackend
+        for obj, name in ((JaxBackend(), "jax"), (CudaBackend(launch="emulated"), "cuda")):
+            by_obj, by_name = build(backend=obj), build(backend=name)
+            assert by_obj._jit_solve_jvp._digest_of_parts() is None
+            for stage in ("_jit_inputs_jvp", "_jit_outputs_jvp"):
+                assert getattr(by_obj, stage)._digest_of_parts() == \
+                    getattr(by_name, stage)._digest_of_parts() is not None
     finally:
         set_program_store(None)
     assert len(list(tmp_path.iterdir())) == 4
