@@ -205,6 +205,14 @@ class PowerSpectrumFunction(AheadOfCall):
                               tuple(self.z), self.z_background.tobytes(), tuple(self.derived),
                               self.rtol, self.atol, self.sensitivity_error_control,
                               bool(with_sigma8), n_chunks)
+        #: keyword arguments that rebuild this function on another backend object (the
+        #: sensitivity kernel's helper process, ``boltzmann.kernel_helper``)
+        self.construction_kwargs = dict(
+            parameters=tuple(self.parameters), k=self.k, z=tuple(self.z), rtol=self.rtol,
+            atol=self.atol, n_chunks=n_chunks,
+            sensitivity_error_control=self.sensitivity_error_control,
+            with_sigma8=bool(with_sigma8), z_background=self.z_background,
+            derived=tuple(self.derived))
         self._jit_inputs_jvp = self._persisted(self._inputs_and_tangents, "inputs")
         self._jit_solve_jvp = self._persisted(self._solve_and_tangents, "solve")
         self._jit_outputs_jvp = self._persisted(self._outputs_and_tangents, "outputs")
@@ -426,6 +434,7 @@ class PowerSpectrumFunction(AheadOfCall):
         # committed to one device, as ``preload`` lowers the program: otherwise a stored
         # executable would be looked up under another key than the one loaded ahead
         solve_args = jax.device_put((table, rows, y0, dtable, drows, dy0), solve_sharding())
+        self._wait_for_kernel_helper()
         ys, dys = self._solve_groups(solve_args)
         t2 = time.perf_counter()
         out = jax.block_until_ready(self._jit_outputs_jvp(theta, ys, rows, table, background,

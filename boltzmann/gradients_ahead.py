@@ -10,7 +10,10 @@ stored, which need not wait for the main job:
   GPU machine's host: in a second process with it, the main job's host tables took 8.7 s and
   its perturbation stage 8.7 s (NVIDIA H100), against about 1 s each in earlier second
   processes without it (docs/benchmarks.md), more than the Jacobian's wait it removed;
-* ``_solve_groups`` runs the JAX backend's chunk groups of the joint solve at the same time.
+* ``_solve_groups`` runs the JAX backend's chunk groups of the joint solve at the same time;
+* on a CUDA backend with a kernel cache, ``preload`` also starts a helper process that compiles
+  the sensitivity kernel while the main job runs (``boltzmann.kernel_helper``, using
+  ``warm_sensitivity_kernel``), and ``jacobian`` waits for it before its solve.
 
 ``PowerSpectrumFunction`` inherits these (``AheadOfCall``); the attributes they read are set
 by its constructor.
@@ -21,11 +24,17 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from solver.backends.registry import resolve_backend
+
+from . import kernel_helper
+from .perturbations import solve_modes_with_tangents
 from .tables import host_cpu
 
 log = logging.getLogger(__name__)
@@ -61,15 +70,22 @@ def parallel_solves() -> int:
 class AheadOfCall:
     """Background loads and parallel solves for ``PowerSpectrumFunction.jacobian`` (module
     docstring). Expects ``theta0``, ``inputs_on_host``, ``_jit_inputs_jvp``,
-    ``_jit_solve_jvp``, ``_chunk_groups`` and ``_host_inputs`` of the class it is mixed into."""
+    ``_jit_solve_jvp``, ``_chunk_groups``, ``_host_inputs`` and, for the sensitivity kernel,
+    the solve's settings (``_chunks``, ``x0``, ``model``, ...) of the class it is mixed into."""
 
     #: the thread loading the stored solve program (``preload``), None when none runs
     _preloading: threading.Thread | None = None
+    #: the helper process compiling the sensitivity kernel (``preload``), None when none runs
+    _kernel_helper = None
+    #: the last ``jacobian``'s wait for the helper: {"waited_s", "succeeded"}, or None
+    last_kernel_helper: dict | None = None
 
     def preload(self, theta=None) -> bool:
         """Start loading the Jacobian's solve program in a background thread, when an earlier
         process stored it (``solver.persisted``), and return True; False, having started
-        nothing, when it is not stored.
+        no thread, when it is not stored. On a CUDA backend that keeps a kernel cache, also
+        start the helper process that compiles the sensitivity kernel unless an earlier one
+        stored it (``boltzmann.kernel_helper``; a process apart, so it returns no flag).
 
         Why: a later process on the 2-core CPU spends most of its wait before the Jacobian
         loading its programs -- XLA:CPU rebuilding the solve program's instruction list takes
@@ -77,6 +93,8 @@ class AheadOfCall:
         same time. ``jacobian`` then finds the solve program ready (or waits for the load to
         finish); θ only sets the arguments' shapes."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
+        if self._kernel_helper is None:
+            self._kernel_helper = kernel_helper.start(self, theta)
         cpu = host_cpu() if self.inputs_on_host else None
         with jax.default_device(cpu) if cpu is not None else contextlib.nullcontext():
             shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
@@ -123,6 +141,38 @@ class AheadOfCall:
         with ThreadPoolExecutor(len(self._chunk_groups), "boltzmann-solve") as pool:
             parts = list(pool.map(run, self._chunk_groups))
         return jax.tree_util.tree_map(lambda *xs: sum(xs[1:], xs[0]), *parts)
+
+    def _wait_for_kernel_helper(self) -> None:
+        """Wait for the helper process ``preload`` started (the solve then loads the kernel it
+        stored; if it failed, the solve compiles the kernel); the wait is ``last_kernel_helper``."""
+        helper, self._kernel_helper = self._kernel_helper, None
+        if helper is None:
+            self.last_kernel_helper = None
+            return
+        t0 = time.perf_counter()
+        ok = helper.wait()
+        self.last_kernel_helper = {"waited_s": time.perf_counter() - t0, "succeeded": ok}
+
+    def warm_sensitivity_kernel(self, theta=None) -> dict:
+        """Compile, or load from the kernel cache, the CUDA sensitivity kernel ``jacobian``
+        launches, by one sensitivity solve of the lowest-k mode (the fewest steps) with zero
+        tangents at θ, and return that launch's info (its kernel-cache key, compile seconds).
+        What ``kernel_helper``'s process runs: the kernel's source, argument types and options
+        are those of the Jacobian's solve, whose inputs differ only in values and mode count."""
+        theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
+        table, rows, y0, _ = self._jit_stage_inputs(theta)
+        m = len(self.parameters)
+
+        def zero(a):
+            return jnp.zeros((m,) + a.shape, a.dtype)
+
+        lowest = np.asarray(self._chunks[0])[:1]
+        jax.block_until_ready(solve_modes_with_tangents(
+            table, rows, y0, zero(table), zero(rows), zero(y0), self.x0, self.z, self.model,
+            rtol=self.rtol, atol=self.atol, chunks=[lowest], backend=self.backend,
+            sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS,
+            weights=self.weights))
+        return dict(getattr(resolve_backend(self.backend), "last_sensitivity_info", None) or {})
 
     def _wait_for_preload(self) -> None:
         """Wait for ``preload``'s background work (before ``jax.clear_caches`` may run)."""

@@ -90,6 +90,8 @@ def derivative_tables(config, result: Result, *, backend="auto", progress=null_p
         "seconds": float(tables["seconds"]),
         "stage_seconds": fn.last_stage_seconds,
     }
+    if fn.last_kernel_helper is not None:   # the sensitivity kernel compiled beside the main job
+        summary["kernel_helper"] = fn.last_kernel_helper
     # a CudaBackend's last tangents (its compile or cache-load seconds among them); a backend
     # given by name is the shared instance ``resolve_backend`` returns
     launch = getattr(resolve_backend(fn.backend), "last_sensitivity_info", None)
