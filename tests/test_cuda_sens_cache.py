@@ -156,8 +156,9 @@ if sys.argv[3] == "numba":
     ref = solve_sensitivities(ROBERTSON.rhs, y0, ts, params, **kw)
     out.update(ref_ys=ref.ys, ref_dys=ref.dys, ref_nacc=ref.n_accepted)
 np.savez(sys.argv[1], **out)
-print("INFO " + json.dumps({k: v for k, v in sol.info.items()
-                            if isinstance(v, (bool, int, float, str, type(None)))}))
+info = {k: v for k, v in sol.info.items() if isinstance(v, (bool, int, float, str, type(None)))}
+info["numba_cuda_mlir_imported"] = "numba_cuda_mlir" in sys.modules
+print("INFO " + json.dumps(info))
 """
 
 
@@ -165,7 +166,8 @@ print("INFO " + json.dumps({k: v for k, v in sol.info.items()
 def test_sensitivity_kernel_second_process_loads_instead_of_compiling(tmp_path):
     """Process 1 compiles and stores the sensitivity kernel and also launches it through
     numba-cuda-mlir (no cache): same numbers bit for bit. Process 2 loads it from the cache
-    without compiling: same numbers again."""
+    without compiling, on driver-allocated arrays, and never imports numba-cuda-mlir: same
+    numbers again."""
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false",
                PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS),
                                            os.environ.get("PYTHONPATH", "")]))
@@ -187,10 +189,67 @@ def test_sensitivity_kernel_second_process_loads_instead_of_compiling(tmp_path):
     assert first["kernel_cache"] == "stored" and first["first_call_includes_compile"]
     assert second["kernel_cache"] == "hit" and not second["first_call_includes_compile"]
     assert second["compile_seconds"] == 0.0 and second["kernel_entry"] == first["kernel_entry"]
+    assert first["numba_cuda_mlir_imported"] and not second["numba_cuda_mlir_imported"]
     assert np.all(results[0]["st"] == 0)
     for name in ("ys", "dys", "nacc"):
         np.testing.assert_array_equal(results[0][name], results[0]["ref_" + name], err_msg=name)
         np.testing.assert_array_equal(results[1][name], results[0][name], err_msg=name)
+
+
+class _FakeDriver:
+    """libcuda's memory calls on host memory: what ``DeviceBuffer`` asks of the driver."""
+
+    def __init__(self):
+        self.blocks, self.freed = {}, []
+
+    def cuCtxGetCurrent(self, ctx):
+        ctypes.cast(ctx, ctypes.POINTER(ctypes.c_void_p))[0] = 0x1
+        return 0
+
+    def cuMemAlloc_v2(self, ptr, size):
+        block = ctypes.create_string_buffer(size.value)
+        address = ctypes.addressof(block)
+        self.blocks[address] = block
+        ctypes.cast(ptr, ctypes.POINTER(ctypes.c_uint64))[0] = address
+        return 0
+
+    def cuMemcpyHtoD_v2(self, dst, src, size):
+        ctypes.memmove(dst.value, src, size.value)
+        return 0
+
+    def cuMemcpyDtoH_v2(self, dst, src, size):
+        ctypes.memmove(dst, src.value, size.value)
+        return 0
+
+    def cuMemFree_v2(self, ptr):
+        self.freed.append(ptr.value)
+        return 0
+
+
+def test_device_buffer_copies_through_the_driver(monkeypatch):
+    """``DeviceBuffer``: the host array copied in and read back unchanged (any layout, made
+    C-contiguous), its ``__cuda_array_interface__`` packs as numba's arrays do, and it is
+    freed once."""
+    from solver.backends.cuda import launch_cubin
+
+    fake = _FakeDriver()
+    monkeypatch.setattr(launch_cubin, "_DRIVER", fake)
+    host = np.arange(24, dtype=np.float64).reshape(4, 6)[:, ::2]       # not contiguous
+    buf = launch_cubin.DeviceBuffer(host)
+    np.testing.assert_array_equal(buf.copy_to_host(), host)
+    cai = buf.__cuda_array_interface__
+    assert cai["shape"] == (4, 3) and cai["typestr"] == "<f8" and cai["data"][0] == buf.ptr
+    packed = [p.value for p in launch_cubin.pack_parameters([buf])]
+    assert packed == [buf.ptr, buf.ptr, 0, 4, 3, 3, 1]
+    ints = launch_cubin.DeviceBuffer(np.array([3, -1], np.int32))
+    np.testing.assert_array_equal(ints.copy_to_host(), [3, -1])
+    empty = launch_cubin.DeviceBuffer(np.zeros((0, 5)))
+    assert empty.copy_to_host().shape == (0, 5)
+    ptr = buf.ptr
+    buf.free()
+    buf.free()
+    del buf
+    assert fake.freed.count(ptr) == 1
 
 
 def test_value_inside_jax_programs_is_the_ffi_launch(monkeypatch):

@@ -131,8 +131,8 @@ class CudaBackend(Backend):
 
     # ------------------------------------------------------------------ sensitivities
     def check_sensitivities(self, spec) -> None:
-        if not self.emulated:
-            cuda_modules()
+        if not self.emulated:    # imported where a kernel must be compiled, not for a cached one
+            check_cuda_packages() if self.kernel_cache is not None else cuda_modules()
         if spec.jacobian != "exact":
             raise ValueError("_jacobian='block_diagonal' is a JAX-backend diagnostic")
         check_args_structure(spec.rhs, spec.has_args, spec.leaf_meta)

@@ -1,10 +1,14 @@
-"""Launching a cached kernel image through the CUDA driver, on numba-cuda-mlir's device arrays.
+"""Launching a cached kernel image through the CUDA driver, on device arrays it allocates itself.
 
 The sensitivity kernel is launched from the host (a ``jax.pure_callback``), not through the XLA
 FFI handler.  numba-cuda-mlir's own launch compiles the kernel in every new process (minutes for
 the EB model), so when the backend has a kernel cache the image is taken from it
 (``ffi_kernel.obtain_image``: compiled and stored on a miss) and launched here with
-``cuLaunchKernel`` (ctypes, ``libcuda.so.1``) in the context numba's arrays live in.
+``cuLaunchKernel`` (ctypes, ``libcuda.so.1``) in device 0's primary context, on
+:class:`DeviceBuffer` copies of the host arrays (``cuMemAlloc``/``cuMemcpy``): a process whose
+kernel image comes from the cache then imports neither numba-cuda-mlir (which imports torch
+where it is installed) nor numba-enzyme-cuda, 2.7 s of a GPU process (docs/benchmarks.md).
+Any object with ``__cuda_array_interface__`` (numba's device arrays too) can be passed.
 
 Parameters are packed exactly as numba-cuda-mlir's launcher packs them (``ffi_kernel``'s module
 docstring): an array of rank r is 3 + 2r eight-byte parameters (allocated pointer, aligned
@@ -20,7 +24,7 @@ import numpy as np
 
 from .toolchain import CudaBackendUnavailable
 
-__all__ = ["CubinFunction", "pack_parameters", "parameter_count", "DriverError"]
+__all__ = ["CubinFunction", "DeviceBuffer", "pack_parameters", "parameter_count", "DriverError"]
 
 
 class DriverError(RuntimeError):
@@ -68,6 +72,48 @@ def _current_context() -> ctypes.c_void_p:
     _check(drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
     _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
     return ctx
+
+
+class DeviceBuffer:
+    """A device copy of a host array, allocated and copied through the driver in the current
+    context (``_current_context``), freed with the object; ``copy_to_host`` reads it back.
+    Carries ``__cuda_array_interface__`` (C-contiguous), which ``pack_parameters`` reads."""
+
+    def __init__(self, host):
+        a = np.ascontiguousarray(host)
+        self.shape, self.dtype, self.nbytes = a.shape, a.dtype, int(a.nbytes)
+        drv = _driver()
+        _current_context()
+        ptr = ctypes.c_uint64()
+        _check(drv.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(max(self.nbytes, 1))),
+               "cuMemAlloc")
+        self.ptr = int(ptr.value)
+        if self.nbytes:
+            _check(drv.cuMemcpyHtoD_v2(ctypes.c_uint64(self.ptr),
+                                       a.ctypes.data_as(ctypes.c_void_p),
+                                       ctypes.c_size_t(self.nbytes)), "cuMemcpyHtoD")
+        self.__cuda_array_interface__ = {"shape": tuple(a.shape), "typestr": a.dtype.str,
+                                         "data": (self.ptr, False), "strides": None,
+                                         "version": 3}
+
+    def copy_to_host(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        if self.nbytes:
+            _check(_driver().cuMemcpyDtoH_v2(out.ctypes.data_as(ctypes.c_void_p),
+                                             ctypes.c_uint64(self.ptr),
+                                             ctypes.c_size_t(self.nbytes)), "cuMemcpyDtoH")
+        return out
+
+    def free(self) -> None:
+        ptr, self.ptr = getattr(self, "ptr", 0), 0
+        if ptr:
+            _driver().cuMemFree_v2(ctypes.c_uint64(ptr))
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the driver may be gone
+            pass
 
 
 def parameter_count(values) -> int:

@@ -14,12 +14,12 @@ from ...method.tableau import RODAS5P
 from .codegen import SENS_KERNEL_ARGS
 from .codegen.warp import WARP_SENS_KERNEL_ARGS
 from .ffi_kernel import obtain_image
-from .launch_cubin import CubinFunction, DriverError, parameter_count
+from .launch_cubin import CubinFunction, DeviceBuffer, DriverError, parameter_count
 from .inputs import check_lookup_p, sens_call_args, sens_inputs, sens_outputs
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array, table_split_of
-from .toolchain import THREADS_PER_BLOCK, cuda_modules, kernel_attr
+from .toolchain import THREADS_PER_BLOCK, check_cuda_packages, cuda_modules, kernel_attr
 from .warp_plan import build_warp_plan, warp_eligible
 
 __all__ = ["solve_numba", "solve_sensitivities", "choose_kernel", "SENS_DOC_ARGS"]
@@ -105,13 +105,17 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     and without sensitivity error control identical step sequences, so no divergence).
 
     With a ``kernel_cache`` (``KernelCache``) the kernel's image comes from it -- compiled and
-    stored on a miss -- and is launched through the driver (``launch_cubin``), so a later process
-    does not compile it again; without one, numba-cuda-mlir compiles and launches it."""
+    stored on a miss -- and is launched through the driver on driver-allocated arrays
+    (``launch_cubin``), so a later process neither compiles it nor imports numba-cuda-mlir;
+    without one, numba-cuda-mlir compiles and launches it."""
     table_split_of(rhs, args)
     inp = sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
                       max_steps, first_step)
-    cuda_modules()
+    if kernel_cache is None:
+        cuda_modules()
+    else:   # imported only if the image must be compiled (obtain_image)
+        check_cuda_packages()
     warp = choose_kernel(kernel_kind, rhs, args, sparsity) == "warp"
     if warp:
         plan = build_warp_plan(rhs, inp["n"], inp["P"], args=args, max_steps=max_steps,
@@ -135,23 +139,25 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     first = plan.compile_s is None
     if kernel_cache is not None:
         launch, info = _cached_launch(plan, dev_in, kernel_cache, module_dir, blocks, tpb)
+        dev = [DeviceBuffer(x) if isinstance(x, np.ndarray) else x for x in dev_in]
     else:
         kernel = plan.kernel(module_dir)
         launch = kernel[blocks, tpb]
         info = _numba_info(kernel, first)
+        dev = _numba_arrays(dev_in)
     info["kernel"] = "warp" if warp else "thread"
-    cuda = cuda_modules()[0]
-    dev = [cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in dev_in]
     t_launch = time.perf_counter()
     try:
-        launch(*dev)
+        launch(*dev)        # the driver launch waits for the kernel itself
     except DriverError as exc:  # refused before launching (e.g. a parameter-layout mismatch)
         warnings.warn(f"the cached sensitivity kernel could not be launched ({exc}); compiling "
                       "it with numba-cuda-mlir instead", RuntimeWarning, stacklevel=2)
         kernel = plan.kernel(module_dir)
         info.update(_numba_info(kernel, True))
+        dev = _numba_arrays(dev_in)
         kernel[blocks, tpb](*dev)
-    cuda.synchronize()
+    if kernel_cache is None or info["launch"] == "numba":
+        cuda_modules()[0].synchronize()
     elapsed = time.perf_counter() - t_launch
     if first:
         plan.compile_s = elapsed if kernel_cache is None else info["compile_seconds"]
@@ -161,6 +167,12 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                  "kernel_module": plan.module_path})
     return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
                                res["n_accepted"], res["n_rejected"], "cuda", info)
+
+
+def _numba_arrays(values) -> list:
+    """numba-cuda-mlir device copies of the host arrays among ``values`` (others as they are)."""
+    cuda = cuda_modules()[0]
+    return [cuda.to_device(x) if isinstance(x, np.ndarray) else x for x in values]
 
 
 def _numba_info(kernel, first):
