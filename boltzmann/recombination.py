@@ -252,11 +252,27 @@ def temperature_ratio_rhs(theta, compton_per_lna):
     return -theta + compton_per_lna * (1.0 - theta)
 
 
-def saha_state(lna, p: RecombinationParams, iterations: int = 4):
+def iterate(step: Callable, x, count: int, unrolled: bool):
+    """``step`` applied ``count`` times to ``x``: written out (``unrolled``) or as one
+    ``lax.fori_loop`` -- the same arithmetic. Written out, an iteration adds no loop of its own (on
+    a GPU every iteration of an XLA while loop is a round trip to the host for its predicate);
+    rolled, its body is traced once, which is what a program's size and compile time follow:
+    under the Jacobian's ten tangents the fixed-count iterations of the thermodynamics (the Saha
+    start, the z_rec / z_star / z_drag Newton solves) written out were about a sixth of the
+    inputs program's operations (docs/benchmarks.md)."""
+    if unrolled:
+        for _ in range(count):
+            x = step(x)
+        return x
+    return jax.lax.fori_loop(0, count, lambda _, v: step(v), x)
+
+
+def saha_state(lna, p: RecombinationParams, iterations: int = 4, unrolled: bool = True):
     """Saha-equilibrium state (x_H, x_He, theta = 1) at T_b = T_gamma: the initial condition.
 
     Uses n_e n_H+ / n_H0 = (2 pi m_e k T / h^2)^{3/2} e^{-chi_H/kT} and the He I analogue with the
-    statistical-weight factor 4, iterated a few times on the shared electron density.
+    statistical-weight factor 4, iterated a few times on the shared electron density
+    (``iterate``: ``unrolled`` or in a loop).
     """
     a = jnp.exp(lna)
     T = p.T_cmb / a
@@ -264,11 +280,16 @@ def saha_state(lna, p: RecombinationParams, iterations: int = 4):
     q = (SAHA_CR * T) ** 1.5 / n_H
     s_H = q * jnp.exp(-_HC_OVER_K * L_H_ION / T)
     s_He = 4.0 * q * jnp.exp(-_HC_OVER_K * L_HE1_ION / T)
-    x_e = 1.0 + 2.0 * p.f_He
-    for _ in range(iterations):
-        x_H = s_H / (x_e + s_H)
-        x_He = s_He / (x_e + s_He)
-        x_e = free_electron_fraction(lna, jnp.stack([x_H, x_He, 1.0]), p)[0]
+
+    def fractions(x_e):
+        return s_H / (x_e + s_H), s_He / (x_e + s_He)
+
+    def step(x_e):
+        x_H, x_He = fractions(x_e)
+        return free_electron_fraction(lna, jnp.stack([x_H, x_He, jnp.ones_like(x_H)]), p)[0]
+
+    x_e0 = jnp.broadcast_to(1.0 + 2.0 * p.f_He, jnp.shape(s_H)).astype(s_H.dtype)
+    x_H, x_He = fractions(iterate(step, x_e0, iterations - 1, unrolled))
     return jnp.stack([x_H, x_He, jnp.ones_like(x_H)])
 
 

@@ -93,7 +93,9 @@ class LoopShape:
     """How the sequential node-to-node loops (passes A and B) are written — not what they compute.
 
     newton_unrolled: the Radau step's Newton iterations written out rather than a nested loop
-        (``recombination.radau_step``'s ``unrolled``);
+        (``recombination.radau_step``'s ``unrolled``), and so are the fixed-count iterations
+        outside the loops (the Saha start, the z_rec / z_star / z_drag Newton solves:
+        ``recombination.iterate``);
     scan_unroll: nodes per iteration of each pass's ``lax.scan`` (XLA's ``unroll``);
     inline_solves: the Radau step's small linear systems in straight-line code rather than a
         LAPACK / cuSOLVER call each (``recombination.radau_step``'s ``inline_solves``). On by
@@ -179,7 +181,7 @@ def thermodynamics_from_hubble(
 
     # ---- 1. early quasi-equilibrium
     def early_state(lna_):
-        y = rec.saha_state(lna_, p)
+        y = rec.saha_state(lna_, p, unrolled=loops.newton_unrolled)
         K = rec.compton_rate_per_lna(lna_, x_e_rec(lna_, y), p, H_si(lna_))
         return y.at[2].set(K / (1.0 + K))
 
@@ -305,18 +307,17 @@ def thermodynamics_from_hubble(
     mask = lna < -math.log1p(100.0)
     t_star = lna[jnp.argmax(jnp.where(mask, visibility, -jnp.inf))]
     t_star = jax.lax.stop_gradient(t_star)
-    for _ in range(6):
-        t_star = t_star - dg_of(t_star) / ddg_of(t_star)
+    t_star = rec.iterate(lambda t: t - dg_of(t) / ddg_of(t), t_star, 6, loops.newton_unrolled)
     z_rec = jnp.expm1(-t_star)
     t_rec = t_star
 
     def depth_crossing(depth, rate, drate):
         """ln a where the optical depth ``depth`` (d depth/dlna = -rate) crosses one (z > 100)."""
         i = jnp.argmin(jnp.abs(jnp.where(mask, depth, jnp.inf) - 1.0))
-        t = jax.lax.stop_gradient(lna[i])
-        for _ in range(6):
-            t = t + (hermite_interp(lna, depth, -rate, t) - 1.0) / hermite_interp(lna, rate, drate, t)
-        return t
+        def step(t):
+            return t + (hermite_interp(lna, depth, -rate, t) - 1.0) / hermite_interp(lna, rate,
+                                                                                      drate, t)
+        return rec.iterate(step, jax.lax.stop_gradient(lna[i]), 6, loops.newton_unrolled)
 
     # z_star: photon optical depth kappa = 1 (CLASS's definition of z_star)
     t_star = depth_crossing(kappa, q, dq)
