@@ -221,10 +221,11 @@ class PowerSpectrumFunction(AheadOfCall):
         """``jax.jit(method)``, persisted under a key of everything the constructor was given
         (with the project's code, which ``PersistedProgram`` adds): two objects built alike trace
         the same program. The inputs and outputs programs run no solver, so they are keyed
-        whatever the backend (the CLI gives a ``CudaBackend`` object: unkeyed, a later process
-        re-traced the inputs program, 26 s of its 32-s Jacobian on an H100). Not keyed (plain
-        jit): the solve of a backend given as an object (its options are not in the key) and
-        the CUDA backend's solve, whose host callback cannot be exported."""
+        whatever the backend: the CLI gives a ``CudaBackend`` object, and a later process would
+        otherwise trace the inputs program again (26 s of a 32-s Jacobian on an H100,
+        docs/benchmarks.md). Not keyed (plain jit): the solve of a backend given as an object
+        (its options are not in the key) and the CUDA backend's solve, whose host callback
+        cannot be exported."""
         def parts():
             if stage == "solve" and not isinstance(self.backend, str):
                 raise TypeError("backend object: its options are not part of the solve's key")

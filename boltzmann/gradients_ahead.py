@@ -34,7 +34,6 @@ import numpy as np
 from solver.backends.registry import resolve_backend
 
 from . import kernel_helper
-from .perturbations import solve_modes_with_tangents
 from .tables import host_cpu
 
 log = logging.getLogger(__name__)
@@ -71,7 +70,8 @@ class AheadOfCall:
     """Background loads and parallel solves for ``PowerSpectrumFunction.jacobian`` (module
     docstring). Expects ``theta0``, ``inputs_on_host``, ``_jit_inputs_jvp``,
     ``_jit_solve_jvp``, ``_chunk_groups``, ``_host_inputs`` and, for the sensitivity kernel,
-    the solve's settings (``_chunks``, ``x0``, ``model``, ...) of the class it is mixed into."""
+    ``_jit_stage_inputs``, ``_solve_and_tangents`` and ``_chunks`` of the class it is mixed
+    into."""
 
     #: the thread loading the stored solve program (``preload``), None when none runs
     _preloading: threading.Thread | None = None
@@ -157,8 +157,9 @@ class AheadOfCall:
         """Compile, or load from the kernel cache, the CUDA sensitivity kernel ``jacobian``
         launches, by one sensitivity solve of the lowest-k mode (the fewest steps) with zero
         tangents at θ, and return that launch's info (its kernel-cache key, compile seconds).
-        What ``kernel_helper``'s process runs: the kernel's source, argument types and options
-        are those of the Jacobian's solve, whose inputs differ only in values and mode count."""
+        What ``kernel_helper``'s process runs: the Jacobian's own solve (``_solve_and_tangents``)
+        on one chunk of one mode, so the kernel's source, argument types and options are the
+        Jacobian's. A CUDA-backend method: the JAX backend's solve takes chunk groups as arrays."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         table, rows, y0, _ = self._jit_stage_inputs(theta)
         m = len(self.parameters)
@@ -167,11 +168,8 @@ class AheadOfCall:
             return jnp.zeros((m,) + a.shape, a.dtype)
 
         lowest = np.asarray(self._chunks[0])[:1]
-        jax.block_until_ready(solve_modes_with_tangents(
-            table, rows, y0, zero(table), zero(rows), zero(y0), self.x0, self.z, self.model,
-            rtol=self.rtol, atol=self.atol, chunks=[lowest], backend=self.backend,
-            sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS,
-            weights=self.weights))
+        jax.block_until_ready(self._solve_and_tangents(table, rows, y0, zero(table), zero(rows),
+                                                       zero(y0), index=[lowest]))
         return dict(getattr(resolve_backend(self.backend), "last_sensitivity_info", None) or {})
 
     def _wait_for_preload(self) -> None:

@@ -85,9 +85,8 @@ def _usable(backend) -> bool:
 class KernelHelper:
     """A running helper process (``start``): ``wait`` before the sensitivity solve."""
 
-    def __init__(self, process: subprocess.Popen, marker: Path, spec: Path, log_path: Path):
+    def __init__(self, process: subprocess.Popen, spec: Path, log_path: Path):
         self.process = process
-        self.marker = marker
         self.spec = spec
         self.log_path = log_path
         self.started = time.perf_counter()
@@ -155,4 +154,4 @@ def start(fn, theta=None) -> KernelHelper | None:
                                    stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, env=env)
     log.info("compiling the sensitivity kernel in a helper process (pid %d)", process.pid)
-    return KernelHelper(process, marker, spec, log_path)
+    return KernelHelper(process, spec, log_path)

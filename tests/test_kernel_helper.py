@@ -107,7 +107,7 @@ def _helper(tmp_path, code):
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=out,
                                 stderr=subprocess.STDOUT)
-    return kernel_helper.KernelHelper(proc, tmp_path / "h.json", spec, log_path), spec, log_path
+    return kernel_helper.KernelHelper(proc, spec, log_path), spec, log_path
 
 
 def test_wait_reports_success_failure_and_a_helper_that_hangs(tmp_path):

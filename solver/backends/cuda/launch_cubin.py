@@ -194,7 +194,8 @@ class CubinFunction:
             return got
 
     def launch(self, blocks: int, threads: int, args) -> None:
-        """Launch on the legacy default stream (where numba's copies run) and wait for it."""
+        """Launch on the legacy default stream (after the arguments' synchronous copies) and wait
+        for it."""
         drv = _driver()
         ctx = _current_context()
         _, function, sizes = self._function(ctx)

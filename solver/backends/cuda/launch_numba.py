@@ -148,7 +148,7 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     info["kernel"] = "warp" if warp else "thread"
     t_launch = time.perf_counter()
     try:
-        launch(*dev)        # the driver launch waits for the kernel itself
+        launch(*dev)
     except DriverError as exc:  # refused before launching (e.g. a parameter-layout mismatch)
         warnings.warn(f"the cached sensitivity kernel could not be launched ({exc}); compiling "
                       "it with numba-cuda-mlir instead", RuntimeWarning, stacklevel=2)
@@ -156,7 +156,7 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
         info.update(_numba_info(kernel, True))
         dev = _numba_arrays(dev_in)
         kernel[blocks, tpb](*dev)
-    if kernel_cache is None or info["launch"] == "numba":
+    if info["launch"] == "numba":       # numba's launch is asynchronous
         cuda_modules()[0].synchronize()
     elapsed = time.perf_counter() - t_launch
     if first:
