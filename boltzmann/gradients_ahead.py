@@ -151,17 +151,21 @@ class AheadOfCall:
             return
         t0 = time.perf_counter()
         ok = helper.wait()
-        self.last_kernel_helper = {"waited_s": time.perf_counter() - t0, "succeeded": ok}
+        self.last_kernel_helper = {"waited_s": time.perf_counter() - t0, "succeeded": ok,
+                                   "helper_seconds": helper.timeline}
 
     def warm_sensitivity_kernel(self, theta=None) -> dict:
         """Compile, or load from the kernel cache, the CUDA sensitivity kernel ``jacobian``
         launches, by one sensitivity solve of the lowest-k mode (the fewest steps) with zero
-        tangents at θ, and return that launch's info (its kernel-cache key, compile seconds).
+        tangents at θ, and return that launch's info (its kernel-cache key, compile seconds) with
+        ``inputs_seconds``, the time to the solve's inputs (their programs' compiles included).
         What ``kernel_helper``'s process runs: the Jacobian's own solve (``_solve_and_tangents``)
         on one chunk of one mode, so the kernel's source, argument types and options are the
         Jacobian's. A CUDA-backend method: the JAX backend's solve takes chunk groups as arrays."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
-        table, rows, y0, _ = self._jit_stage_inputs(theta)
+        t0 = time.perf_counter()
+        table, rows, y0, _ = jax.block_until_ready(self._jit_stage_inputs(theta))
+        inputs_seconds = time.perf_counter() - t0
         m = len(self.parameters)
 
         def zero(a):
@@ -170,7 +174,8 @@ class AheadOfCall:
         lowest = np.asarray(self._chunks[0])[:1]
         jax.block_until_ready(self._solve_and_tangents(table, rows, y0, zero(table), zero(rows),
                                                        zero(y0), index=[lowest]))
-        return dict(getattr(resolve_backend(self.backend), "last_sensitivity_info", None) or {})
+        info = dict(getattr(resolve_backend(self.backend), "last_sensitivity_info", None) or {})
+        return info | {"inputs_seconds": inputs_seconds}
 
     def _wait_for_preload(self) -> None:
         """Wait for ``preload``'s background work (before ``jax.clear_caches`` may run)."""

@@ -85,13 +85,18 @@ def _usable(backend) -> bool:
 class KernelHelper:
     """A running helper process (``start``): ``wait`` before the sensitivity solve."""
 
-    def __init__(self, process: subprocess.Popen, spec: Path, log_path: Path):
+    def __init__(self, process: subprocess.Popen, spec: Path, log_path: Path,
+                 marker_path: Path | None = None):
         self.process = process
+        self.marker_path = marker_path
         self.spec = spec
         self.log_path = log_path
         self.started = time.perf_counter()
         #: None while running; then True (the kernel is stored) or False
         self.succeeded: bool | None = None
+        #: the helper's seconds by phase (imports, lock, build, inputs, warm, total) from its
+        #: marker, once it succeeded: what a first Jacobian's wait was made of
+        self.timeline: dict | None = None
 
     def wait(self, timeout: float = WAIT_LIMIT_S) -> bool:
         """Wait for the helper (at most ``timeout`` seconds, then stop it); True when it stored
@@ -111,6 +116,7 @@ class KernelHelper:
         self.spec.unlink(missing_ok=True)
         if self.succeeded:
             self.log_path.unlink(missing_ok=True)
+            self.timeline = _marker_timeline(self.marker_path)
             log.info("the sensitivity kernel's helper finished after %.1f s",
                      time.perf_counter() - self.started)
         else:
@@ -145,7 +151,8 @@ def start(fn, theta=None) -> KernelHelper | None:
         "config": fn.config, "kwargs": fn.construction_kwargs, "theta": np.asarray(theta),
         "backend": {"launch": backend.launch, "cache_root": backend.cache_root,
                     "kernel": backend.kernel},
-        "cache_root": runtime.persistent_dir(""), "marker": marker, "key": key}))
+        "cache_root": runtime.persistent_dir(""), "marker": marker, "key": key,
+        "started_at": time.time()}))
     env = dict(os.environ, JAX_PLATFORMS="cpu")   # JAX on the host only: no GPU memory taken
     project = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (project, env.get("PYTHONPATH")) if p)
@@ -154,4 +161,12 @@ def start(fn, theta=None) -> KernelHelper | None:
                                    stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, env=env)
     log.info("compiling the sensitivity kernel in a helper process (pid %d)", process.pid)
-    return KernelHelper(process, spec, log_path)
+    return KernelHelper(process, spec, log_path, marker)
+
+
+def _marker_timeline(marker: Path | None) -> dict | None:
+    """The ``timeline`` a successful helper wrote into its marker, or None."""
+    try:
+        return json.loads(marker.read_text()).get("timeline")
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None

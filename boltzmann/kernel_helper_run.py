@@ -44,18 +44,27 @@ def main(argv=None) -> int:
         print("usage: python -m boltzmann.kernel_helper_run SPEC", file=sys.stderr)
         return 2
     spec = pickle.loads(Path(argv[0]).read_bytes())
+    began = spec.get("started_at", time.time())     # when the caller launched this process
+    timeline = {"imports_s": time.time() - began}
     marker = Path(spec["marker"])
     backend = CudaBackend(**spec["backend"])
     with _locked(marker.with_suffix(".lock")):
         if kernel_stored(marker, backend.kernel_cache):
             return 0                                    # another helper stored it meanwhile
+        timeline["lock_s"] = time.time() - began - timeline["imports_s"]
         runtime.configure(runtime.Settings(cache_root=spec["cache_root"]))
+        t0 = time.time()
         fn = PowerSpectrumFunction(spec["config"], backend=backend, **spec["kwargs"])
+        timeline["build_s"] = time.time() - t0
         if helper_key(fn) != spec["key"]:   # not the caller's function: its kernel may differ
             print("the rebuilt function's key differs from the caller's (another code or "
                   "construction); nothing compiled", file=sys.stderr)
             return 1
+        t0 = time.time()
         info = fn.warm_sensitivity_kernel(spec["theta"])
+        timeline["warm_s"] = time.time() - t0
+        timeline["inputs_s"] = info.get("inputs_seconds")
+        timeline["total_s"] = time.time() - began
         if not info.get("kernel_cache_key"):
             print(f"the launch reported no kernel-cache entry: {info}", file=sys.stderr)
             return 1
@@ -63,6 +72,7 @@ def main(argv=None) -> int:
             "kernel_cache_key": info["kernel_cache_key"],
             "compile_seconds": info.get("compile_seconds"),
             "kernel_from_cache": info.get("kernel_from_cache"),
+            "timeline": timeline,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1).encode())
     return 0
 

@@ -72,7 +72,13 @@ def test_main_writes_the_marker_and_a_stored_kernel_stops_later_helpers(tmp_path
     monkeypatch.setattr(PowerSpectrumFunction, "warm_sensitivity_kernel", fake_warm)
     assert kernel_helper_run.main([str(spec)]) == 0
     assert len(calls) == 1 and np.array_equal(calls[0], np.asarray(fn.theta0))
-    assert json.loads(marker.read_text())["kernel_cache_key"] == "0123abcd"
+    written = json.loads(marker.read_text())
+    assert written["kernel_cache_key"] == "0123abcd"
+    # the phases of the helper's time, for the caller's report (spec without "started_at":
+    # counted from the helper's own start)
+    assert set(written["timeline"]) == {"imports_s", "lock_s", "build_s", "warm_s", "inputs_s",
+                                        "total_s"}
+    assert written["timeline"]["total_s"] >= written["timeline"]["build_s"] >= 0
     cache = CudaBackend(launch="numba", cache_root=root).kernel_cache
     assert not kernel_helper.kernel_stored(marker, cache)        # the entry is not there yet
     for path in cache.paths("0123abcd"):
@@ -114,7 +120,10 @@ def test_wait_reports_success_failure_and_a_helper_that_hangs(tmp_path):
     """``wait``: True for a helper that exits 0 (its spec and log removed); False with a warning
     that quotes the end of its log for one that fails; one that outlives the limit is stopped."""
     ok, spec, log_path = _helper(tmp_path, "print('done')")
+    ok.marker_path = tmp_path / "h.json"
+    ok.marker_path.write_text(json.dumps({"kernel_cache_key": "ab", "timeline": {"total_s": 2.0}}))
     assert ok.wait(60) is True and ok.wait() is True
+    assert ok.timeline == {"total_s": 2.0}             # read from the marker it wrote
     assert not spec.exists() and not log_path.exists()
     bad, spec, log_path = _helper(tmp_path, "import sys; print('no GPU here'); sys.exit(3)")
     with pytest.warns(RuntimeWarning, match="(?s)exited with status 3.*no GPU here"):
