@@ -2,11 +2,13 @@
 """Sampling convergence of the CMB spectra: the default ``ClSampling`` against refined ones.
 
     python scripts/cl_convergence.py [--config configs/planck_cl.yaml] [--l-max 2500]
-        [--variants all,k,tau,ell] [--lensing] [--backend jax] [--json out.json] [--save DIR]
+        [--variants all,k,tau,ell] [--set NAME=VALUE[+...]] [--lensing] [--backend jax]
+        [--json out.json] [--save DIR]
 
 Runs the tables once, then ``boltzmann.cmb.compute_cl`` with the default sampling and with
 ``ClSampling().refined(...)`` — every k step halved (source modes, transfer grid, lensing modes),
-every τ step halved, the ℓ sampling doubled, or all three — and prints, per variant, the largest
+every τ step halved, the ℓ sampling doubled, all three, or named fields set (``--variants
+tau_step_max=6.25``; ``--set`` changes the base the same way) — and prints, per variant, the largest
 |refined/default − 1| of each spectrum in the ℓ ranges of the accuracy targets (TE as
 |ΔD^TE|/√(D^TT D^EE), as in the comparison with CLASS). What refining changes is the sampling
 error left in the defaults; docs/cmb.md records the numbers and tests/test_cmb_convergence.py
@@ -24,7 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from boltzmann.cmb.convergence import RANGES, VARIANTS, convergence_table, max_changes  # noqa: E402
+from boltzmann.cmb.convergence import (RANGES, VARIANTS, convergence_table,  # noqa: E402
+                                       max_changes, with_settings)
+from boltzmann.cmb.sampling import ClSampling  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -32,7 +36,11 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default="configs/planck_cl.yaml")
     parser.add_argument("--l-max", type=int, default=None, help="default: the config's l_max")
     parser.add_argument("--variants", default="all,k,tau,ell",
-                        help=f"comma-separated, from {', '.join(VARIANTS)}")
+                        help=f"comma-separated, from {', '.join(VARIANTS)}, or a setting of "
+                             "the default's fields, name=value[+name=value]")
+    parser.add_argument("--set", default=None, metavar="NAME=VALUE[+NAME=VALUE]",
+                        help="the base sampling's fields that differ from ClSampling()'s "
+                             "(e.g. tau_step_max=25 for the former late step)")
     parser.add_argument("--lensing", action="store_true",
                         help="also the lensed spectra (unlensed to l_max + 1000)")
     parser.add_argument("--backend", default="jax")
@@ -48,8 +56,10 @@ def main(argv=None) -> int:
     config = load_config(args.config)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     t0 = time.perf_counter()
+    base = with_settings(ClSampling(), args.set) if args.set else ClSampling()
     runs = convergence_table(config, variants, l_max=args.l_max, lensing=args.lensing,
-                             backend=args.backend, log=lambda s: print(s, flush=True))
+                             backend=args.backend, base=base,
+                             log=lambda s: print(s, flush=True))
     table = {v: max_changes(runs["default"], runs[v]) for v in variants}
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     header = "| variant | spectrum | " + " | ".join(f"{lo}-{hi}" for lo, hi in RANGES) + " |"

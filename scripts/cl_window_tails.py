@@ -20,7 +20,8 @@ from boltzmann import modes, runtime
 from boltzmann.cmb.bessel import BesselTable
 from boltzmann.cmb.lensing import input_l_max
 from boltzmann.cmb.line_of_sight import transfer_functions
-from boltzmann.cmb.sampling import (ClSampling, multipoles, trapezoid_weights,
+from boltzmann.cmb.stage import sampled_multipoles  # noqa: E402
+from boltzmann.cmb.sampling import (ClSampling, trapezoid_weights,
                                     transfer_wavenumbers, transfer_window)
 from boltzmann.cmb.sources import compute_sources
 from boltzmann.ensemble import stack_cosmologies
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     s = dataclasses.replace(ClSampling(), k_window_extra=None, phi_k_stride=1)
     src = compute_sources(tables, cosmos, cfg.precision, model, l_max, sampling=s,
                           lensing_modes=True, backend="jax")
-    ells = multipoles(l_max, s)
+    ells = sampled_multipoles(l_max, s)
     k = transfer_wavenumbers(src.k[:src.n_cmb], src.tau0, s)
     table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
     tr = transfer_functions(src, ells, k, table, l_late=400, l_limber=100)

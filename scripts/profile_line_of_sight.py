@@ -22,7 +22,8 @@ from boltzmann import modes, runtime
 from boltzmann.cmb import line_of_sight as los
 from boltzmann.cmb.bessel import BesselTable
 from boltzmann.cmb.lensing import input_l_max
-from boltzmann.cmb.sampling import (ClSampling, multipoles, transfer_wavenumbers,
+from boltzmann.cmb.stage import sampled_multipoles  # noqa: E402
+from boltzmann.cmb.sampling import (ClSampling, transfer_wavenumbers,
                                     transfer_window)
 from boltzmann.cmb.sources import compute_sources
 from boltzmann.ensemble import stack_cosmologies
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     sampling = dataclasses.replace(ClSampling(), k_window_extra=args.k_window_extra or None)
     src = compute_sources(tables, cosmos, cfg.precision, model, l_max, sampling=sampling,
                           lensing_modes=True, backend=args.backend)
-    ells = multipoles(l_max, sampling)
+    ells = sampled_multipoles(l_max, sampling)
     k = transfer_wavenumbers(src.k[:src.n_cmb], src.tau0, sampling)
     table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
     window = transfer_window(ells, k, src.tau, src.tau0, src.tau_rec, sampling)

@@ -251,6 +251,33 @@ def test_ell_sampling_and_spline():
     assert np.max(np.abs(m @ f(ells) - f(ell_all))) < 3e-4
 
 
+def test_ell_spline_is_taken_apart_at_a_change_of_method():
+    """Where the computation changes method (late sources dropped above ℓ = 400, Limber's
+    C_ℓ^φφ above ℓ = 100) C_ℓ has a small step: the run samples both sides of it
+    (``sampled_multipoles``) and the spline, taken apart there, keeps the step where it is. One
+    spline across it spreads the step over the neighbouring multipoles (what the ℓ-refined
+    convergence run measured: 2e-4 in TT near ℓ = 400)."""
+    from boltzmann.cmb.stage import L_LATE, L_LIMBER, method_breaks, sampled_multipoles
+
+    ells = sampled_multipoles(2500)
+    assert {L_LIMBER, L_LIMBER + 1, L_LATE, L_LATE + 1} <= set(ells.tolist())
+    assert set(multipoles(2500).tolist()) <= set(ells.tolist())
+    assert method_breaks(2500) == {"TT": (L_LATE,), "EE": (L_LATE,), "TE": (L_LATE,),
+                                   "PP": (L_LIMBER,)}
+    assert method_breaks(300)["TT"] == () and method_breaks(80)["PP"] == ()
+    ell_all = np.arange(2, 2501)
+    f = lambda l: (1.0 + 0.3 * np.cos(2 * np.pi * l / 300.0) * np.exp(-l / 1500.0)  # noqa: E731
+                   + 2e-4 * (l > L_LATE))
+    apart = ell_spline_matrix(ells, 2500, breaks=(L_LATE,))
+    across = ell_spline_matrix(ells, 2500)
+    assert np.max(np.abs(apart @ f(ells) - f(ell_all))) < 2e-5
+    assert np.max(np.abs(across @ f(ells) - f(ell_all))) > 3e-5
+    smooth = lambda l: 1.0 + 0.3 * np.cos(2 * np.pi * l / 300.0) * np.exp(-l / 1500.0)  # noqa
+    assert np.max(np.abs(apart @ smooth(ells) - smooth(ell_all))) < 2e-5   # quintic pieces
+    with pytest.raises(ValueError, match="needs ℓ = 400 and 401 sampled"):
+        ell_spline_matrix(multipoles(2500), 2500, breaks=(400,))
+
+
 def test_wavenumber_grids():
     tau0, r_s = 14175.0, 145.0
     ks = source_wavenumbers(2500, tau0, r_s)

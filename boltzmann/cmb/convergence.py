@@ -11,6 +11,7 @@ halved (``tau``), twice the sampled multipoles (``ell``), or all three at once (
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import replace
@@ -19,7 +20,8 @@ import numpy as np
 
 from .sampling import ClSampling
 
-__all__ = ["VARIANTS", "RANGES", "refined_sampling", "convergence_table", "max_changes"]
+__all__ = ["VARIANTS", "RANGES", "refined_sampling", "with_settings", "convergence_table",
+           "max_changes"]
 
 #: refinement factors (k, τ, ℓ) of each variant
 VARIANTS = {"all": (2.0, 2.0, 2.0), "k": (2.0, 1.0, 1.0), "tau": (1.0, 2.0, 1.0),
@@ -28,10 +30,35 @@ VARIANTS = {"all": (2.0, 2.0, 2.0), "k": (2.0, 1.0, 1.0), "tau": (1.0, 2.0, 1.0)
 RANGES = ((2, 29), (30, 500), (501, 1500), (1501, 2000), (2001, 2500))
 
 
+def with_settings(base: ClSampling, text: str) -> ClSampling:
+    """``base`` with the fields that ``text`` sets, "name=value" joined by "+" (e.g.
+    "tau_step_max=6.25+k_spline_degree=3"); a value of "none" is None. Why: the single-knob
+    comparisons behind the defaults (docs/cmb.md, Sampling) are runs of this script too."""
+    fields = {f.name: f for f in dataclasses.fields(ClSampling)}
+    changes = {}
+    for item in text.split("+"):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        if name not in fields or not value:
+            raise ValueError(f"{item!r}: give name=value with a ClSampling field name "
+                             f"({', '.join(fields)})")
+        current = getattr(base, name)
+        if value.strip().lower() == "none":
+            changes[name] = None
+        elif isinstance(current, int) and not isinstance(current, bool):
+            changes[name] = int(value)
+        else:
+            changes[name] = float(value)
+    return replace(base, **changes)
+
+
 def refined_sampling(variant: str, base: ClSampling = ClSampling()) -> ClSampling:
-    """``base`` refined as ``VARIANTS[variant]`` says ("default" is ``base`` itself)."""
+    """``base`` refined as ``VARIANTS[variant]`` says ("default" is ``base`` itself), or, for a
+    variant "name=value[+name=value]", ``base`` with those fields set (``with_settings``)."""
     if variant == "default":
         return base
+    if "=" in variant:
+        return with_settings(base, variant)
     if variant not in VARIANTS:
         raise ValueError(f"unknown refinement {variant!r}; choose from {', '.join(VARIANTS)}")
     if VARIANTS[variant] is None:

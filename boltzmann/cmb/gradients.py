@@ -53,10 +53,11 @@ from ..theta import ParameterMap, available_parameters, one
 from .bessel import BesselTable
 from .lensing import input_l_max, lensed_spectra
 from .line_of_sight import transfer_functions
-from .sampling import ClSampling, multipoles, transfer_wavenumbers, transfer_window
+from .sampling import ClSampling, transfer_wavenumbers, transfer_window
 from .sources import (SourceGrid, error_weights, evaluate_sources, source_background,
                       source_plan, source_program)
-from .stage import L_LATE, L_LIMBER, check_request, every_ell, sampled_spectra
+from .stage import (L_LATE, L_LIMBER, check_request, every_ell, sampled_multipoles,
+                    sampled_spectra)
 
 __all__ = ["ClFunction", "LOG_SPECTRA"]
 
@@ -112,7 +113,8 @@ class ClFunction:
         plan = source_plan(table[0], one(cosmo), prec, self.model, self.grid, self.l_max,
                            sampling=sampling, lensing_modes=self.with_pp)
         self.plan = plan
-        self.ells = multipoles(self.l_max, sampling)
+        self.ells = sampled_multipoles(self.l_max, sampling)
+        self.sampling = sampling
         self.k_transfer = transfer_wavenumbers(plan.k[:plan.n_cmb], plan.tau0_fid, sampling)
         self.window = transfer_window(self.ells, self.k_transfer, plan.tau_fid, plan.tau0_fid,
                                       plan.tau_rec_fid, sampling)
@@ -181,12 +183,13 @@ class ClFunction:
                          tau_rec=bg["tau_rec"], t0=srcs[0], t1=srcs[1], t2=srcs[2], e=srcs[3],
                          phi=srcs[4], status=None, n_accepted=None, n_cmb=plan.n_cmb)
         tr = transfer_functions(src, self.ells, self.k_transfer, table, l_late=L_LATE,
-                                l_limber=self.l_limber, window=self.window)
+                                l_limber=self.l_limber, window=self.window,
+                                spline_degree=self.sampling.k_spline_degree)
         sampled = sampled_spectra(tr, src, prim["A_s"], prim["n_s"], prim["k_pivot"],
                                   T_cmb=prim["T_cmb"], l_limber=self.l_limber,
                                   with_pp=self.with_pp, tau_fid=plan.tau_fid,
                                   tau0_fid=plan.tau0_fid)
-        cl = every_ell(sampled, self.ells, self.l_max, self.names)
+        cl = every_ell(sampled, self.ells, self.l_max, self.names, self.sampling.l_spline_degree)
         n = self.l_out - 1
         out = {name: cl[name][:n] for name in self.names if name in self.spectra}
         if self.lensing:

@@ -9,7 +9,7 @@ For each sampled ℓ and the k of its window of the transfer grid (boltzmann.cmb
 
 with trapezoid weights w_i on the source times τ_i (τ_i, τ0 may be traced: the samples are fixed
 in ln a, so a change of cosmology moves τ_i, τ0 and the weights), and the sources carried from
-the source k grid to the transfer k grid by a cubic spline in ln k (one matrix product). The
+the source k grid to the transfer k grid by a quintic spline in ln k (one matrix product). The
 Bessel values come from boltzmann.cmb.bessel's table. The window bounds the cost: a multipole
 costs its window's width (a third of the grid at the default sampling) times the source times;
 Δ^φ, smooth in k, is computed on every ``phi_stride``-th wavenumber only.
@@ -59,9 +59,9 @@ def trapezoid(t):
     return jnp.concatenate([half, zero]) + jnp.concatenate([zero, half])
 
 
-def fine_sources(src, k_fine):
-    """{name: (K_fine, S)} the sources on ``k_fine`` (cubic spline in ln k)."""
-    m = jnp.asarray(spline_matrix(src.k, k_fine))
+def fine_sources(src, k_fine, degree: int = 5):
+    """{name: (K_fine, S)} the sources on ``k_fine`` (``spline_matrix`` of ``degree`` in ln k)."""
+    m = jnp.asarray(spline_matrix(src.k, k_fine, degree))
     return {name: m @ getattr(src, name) for name in ("t0", "t1", "t2", "e", "phi")}
 
 
@@ -106,9 +106,11 @@ def _grouped(idx, window, n_k):
 
 def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int = 400,
                        late_cut_tau: float | None = None, l_limber: int = 100,
-                       window: TransferWindow | None = None) -> Transfers:
+                       window: TransferWindow | None = None,
+                       spline_degree: int = 5) -> Transfers:
     """Δ_ℓ^T, Δ_ℓ^E (and Δ_ℓ^φ for ℓ ≤ l_limber) of the sources ``src`` (a SourceGrid), each
-    multipole over its ``window`` of the k grid (sampling.transfer_window; None: all of it)."""
+    multipole over its ``window`` of the k grid (sampling.transfer_window; None: all of it);
+    the sources reach the k grid by the spline of ``spline_degree`` in ln k."""
     ells = np.asarray(ells)
     if not np.array_equal(np.asarray(table.ells), ells):
         raise ValueError("transfer_functions: the Bessel table must hold exactly ``ells``")
@@ -117,7 +119,7 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
         raise ValueError("transfer_functions: the window must have one entry per multipole")
     tau = jnp.asarray(src.tau)           # may be traced (the C_ℓ Jacobian): jnp throughout
     chi = src.tau0 - tau
-    fine = fine_sources(src, k)
+    fine = fine_sources(src, k, spline_degree)
     kj = jnp.asarray(k)
     w = trapezoid(tau)
     if late_cut_tau is None:             # the samples are fixed in ln a: cut by x, not by τ

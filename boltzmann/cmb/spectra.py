@@ -1,8 +1,9 @@
 """Angular power spectra from the transfer functions: C_ℓ^{XY} = 4π ∫ dk/k P_R(k) Δ_ℓ^X Δ_ℓ^Y.
 
 The k integral is the trapezoid rule in ln k on the transfer grid; the sampled ℓ are carried to
-every ℓ from 2 to l_max by a not-a-knot cubic spline of ℓ(ℓ+1)C_ℓ in ℓ (one fixed matrix, so
-the whole chain stays a JAX function of the sources). TT, EE, TE are in μK² (times T_cmb²); PP
+every ℓ from 2 to l_max by a quintic spline of ℓ(ℓ+1)C_ℓ in ℓ, apart on each side of a change
+of method (``ell_spline_matrix``; one fixed matrix, so the whole chain stays a JAX function of
+the sources). TT, EE, TE are in μK² (times T_cmb²); PP
 is the dimensionless lensing-potential spectrum C_ℓ^φφ.
 
 Above ``l_limber`` C_ℓ^φφ is Limber's approximation of the same integral,
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 import jax.numpy as jnp
 import numpy as np
-from scipy.interpolate import CubicSpline
+from scipy.interpolate import CubicSpline, make_interp_spline
 
 from ..spectra import primordial_curvature_power
 from .line_of_sight import trapezoid
@@ -61,12 +62,41 @@ class ClSpectra:
         return out
 
 
-def ell_spline_matrix(ells_sampled: np.ndarray, l_max: int) -> np.ndarray:
-    """(l_max - 1, L_s) matrix: values at ℓ = 2..l_max of the cubic spline through the samples."""
-    ells = np.arange(2, l_max + 1)
+def ell_spline_matrix(ells_sampled: np.ndarray, l_max: int, breaks=(),
+                      degree: int = 5) -> np.ndarray:
+    """(l_max - 1, L_s) matrix: values at ℓ = 2..l_max of the interpolating spline of ``degree``
+    through the samples, taken apart on each side of every ℓ in ``breaks`` (the sides meet
+    between b and b + 1, both sampled: ``sampling.multipoles(..., breaks)``).
+
+    Why apart: where the computation changes method (the late sources dropped above ℓ = 400,
+    Limber's C_ℓ^φφ above ℓ = 100) C_ℓ has a step of ~1e-4, and one spline across it spreads
+    that step over the neighbouring multipoles — 2e-4 in TT near ℓ = 400 and PP near ℓ = 100.
+    Why degree 5: the cubic's error, ∝ (ℓ step)^4, was 1.6–2e-4 in EE at ℓ ≥ 30 (docs/cmb.md,
+    Convergence); the quintic's is below 5e-5."""
+    ells_sampled = np.asarray(ells_sampled)
     if ells_sampled.size < 4:
         raise ValueError("need at least 4 sampled multipoles")
-    return CubicSpline(ells_sampled.astype(float), np.eye(ells_sampled.size), axis=0)(ells)
+    ells = np.arange(2, l_max + 1)
+    edges = [b for b in sorted(breaks) if ells_sampled[0] <= b < ells_sampled[-1]]
+    for b in edges:
+        if not {b, b + 1} <= set(ells_sampled.tolist()):
+            raise ValueError(f"ell_spline_matrix: the break at ℓ = {b} needs ℓ = {b} and "
+                             f"{b + 1} sampled (sampling.multipoles(..., breaks))")
+    out = np.zeros((ells.size, ells_sampled.size))
+    lo = -np.inf
+    for hi in [*edges, np.inf]:
+        cols = np.nonzero((ells_sampled > lo) & (ells_sampled <= hi))[0]
+        rows = np.nonzero((ells > lo) & (ells <= hi))[0]
+        x = ells_sampled[cols].astype(float)
+        if cols.size == 1:
+            out[rows, cols[0]] = 1.0
+        else:
+            k = min(int(degree), cols.size - 1)
+            k -= (k + 1) % 2 if k > 1 else 0    # odd degrees: knots at the samples
+            out[np.ix_(rows, cols)] = make_interp_spline(x, np.eye(cols.size), k=k,
+                                                         axis=0)(ells[rows])
+        lo = hi
+    return out
 
 
 def _lnk_weights(k):

@@ -31,6 +31,7 @@ from .sources import compute_sources
 from .spectra import ClSpectra, cl_from_transfers, ell_spline_matrix, limber_pp
 
 __all__ = ["compute_cl", "cl_for_config", "check_request", "sampled_spectra", "every_ell",
+           "method_breaks", "sampled_multipoles",
            "SPECTRA", "L_MAX_RANGE", "L_LIMBER", "L_LATE"]
 
 #: the spectra a run can ask for (config output.cl)
@@ -72,7 +73,7 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     timings["sources"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ells = multipoles(int(l_max), sampling)
+    ells = sampled_multipoles(int(l_max), sampling)
     k = transfer_wavenumbers(src.k[:src.n_cmb or src.k.size], src.tau0, sampling)
     table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
     timings["bessel"] = time.perf_counter() - t0
@@ -81,7 +82,7 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     l_limber = min(L_LIMBER, int(l_max))
     window = transfer_window(ells, k, src.tau, src.tau0, src.tau_rec, sampling)
     tr = transfer_functions(src, ells, k, table, l_late=L_LATE, l_limber=l_limber,
-                            window=window)
+                            window=window, spline_degree=sampling.k_spline_degree)
     timings["line_of_sight"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -90,7 +91,8 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     sampled = sampled_spectra(tr, src, A_s, n_s, k_pivot, T_cmb=T_cmb, l_limber=l_limber,
                               with_pp="PP" in spectra)
     names = [n for n in ("TT", "EE", "TE", "PP") if n in spectra or lensing]
-    cl = {n: np.asarray(v) for n, v in every_ell(sampled, ells, int(l_max), names).items()}
+    cl = {n: np.asarray(v) for n, v in every_ell(sampled, ells, int(l_max), names,
+                                                            sampling.l_spline_degree).items()}
     timings["spectra"] = time.perf_counter() - t0
     ell_all = np.arange(2, int(l_max) + 1)
     lensed = None
@@ -124,14 +126,39 @@ def sampled_spectra(tr, src, A_s, n_s, k_pivot, *, T_cmb: float, l_limber: int,
     return sampled
 
 
-def every_ell(sampled: dict, ells, l_max: int, names) -> dict:
-    """{name: (l_max - 1,)} C_ℓ at every ℓ = 2..l_max: the cubic spline of ℓ(ℓ+1)C_ℓ through
-    the sampled ℓ (one fixed matrix; traceable)."""
+def method_breaks(l_max: int) -> dict:
+    """{spectrum: the ℓ after which its computation changes method}: the late sources end at
+    ``L_LATE`` for TT, EE, TE; Limber's C_ℓ^φφ starts after ``L_LIMBER``. ``multipoles`` samples
+    both sides of each and ``every_ell`` splines each side apart."""
+    late = (L_LATE,) if L_LATE < l_max else ()
+    limber = (L_LIMBER,) if L_LIMBER < l_max else ()
+    return {"TT": late, "EE": late, "TE": late, "PP": limber}
+
+
+def sampled_multipoles(l_max: int, sampling: ClSampling = ClSampling()) -> np.ndarray:
+    """The multipoles whose transfer functions a run computes (``multipoles`` with both sides
+    of every ``method_breaks`` ℓ)."""
+    breaks = sorted({b for bs in method_breaks(int(l_max)).values() for b in bs})
+    return multipoles(int(l_max), sampling, breaks=breaks)
+
+
+def every_ell(sampled: dict, ells, l_max: int, names, degree: int = 5) -> dict:
+    """{name: (l_max - 1,)} C_ℓ at every ℓ = 2..l_max: the spline of ``degree`` of ℓ(ℓ+1)C_ℓ
+    through the sampled ℓ, apart on each side of the spectrum's ``method_breaks`` (one fixed
+    matrix per spectrum; traceable)."""
     f_s = jnp.asarray(ells * (ells + 1.0))
     ell_all = np.arange(2, int(l_max) + 1)
-    m = jnp.asarray(ell_spline_matrix(ells, int(l_max)))
     f_all = jnp.asarray(ell_all * (ell_all + 1.0))
-    return {name: (m @ (f_s * sampled[name])) / f_all for name in names}
+    breaks = method_breaks(int(l_max))
+    matrices = {}
+    out = {}
+    for name in names:
+        key = breaks.get(name, ())
+        if key not in matrices:
+            matrices[key] = jnp.asarray(ell_spline_matrix(ells, int(l_max), breaks=key,
+                                                          degree=degree))
+        out[name] = (matrices[key] @ (f_s * sampled[name])) / f_all
+    return out
 
 
 def cl_for_config(config, *, l_max: int | None = None, spectra=None, lensing=None,
