@@ -6,11 +6,14 @@ warm: compiled programs, CUDA kernel and the Bessel table kept) and prints a Mar
 the stage times of every run (tables = the rest of the call: background, thermodynamics, model
 table). ``--class`` also times CLASS (classy) on the same request at its default precision, so
 that the two can be compared on one machine; ``--out DIR`` writes ``bench_cl.json``.
+``--los-batch 1,auto`` times the line of sight with one multipole per loop iteration, then
+with ``line_of_sight.multipole_batch``'s number, side by side in this process.
 ``--gradients`` times ``boltzmann.cmb.ClFunction`` instead: its value and its Jacobian in the
 ``--parameters``, each ``--runs`` times (first and warm), and their ratio.
 
     python scripts/bench_cl.py --config configs/planck_cl.yaml --runs 3 --class
     python scripts/bench_cl.py --backend cuda --runs 4 --out OUT
+    python scripts/bench_cl.py --backend cuda --runs 3 --los-batch 1,auto
     python scripts/bench_cl.py --gradients --parameters h omega_cdm tau_reio --l-max 60 \
         --lensing off --coarser 2 --runs 2
 """
@@ -35,17 +38,18 @@ def device_name() -> str:
     return f"{d.platform}: {getattr(d, 'device_kind', '')}".strip()
 
 
-def time_ours(config, backend: str, runs: int) -> list[dict]:
+def time_ours(config, backend: str, runs: int, los_batch: int | None = None) -> list[dict]:
     from boltzmann.cmb import cl_for_config
 
     rows = []
     for i in range(runs):
         t0 = time.perf_counter()
-        res = cl_for_config(config, backend=backend)
+        res = cl_for_config(config, backend=backend, los_batch=los_batch)
         total = time.perf_counter() - t0
         stages = {name: float(res.timings.get(name, 0.0)) for name in STAGES[1:]}
         stages["tables"] = total - sum(stages.values())
         rows.append({"run": i + 1, "total_s": total, **{f"{k}_s": v for k, v in stages.items()},
+                     "los_batch": "auto" if los_batch is None else int(los_batch),
                      "info": res.info})
         print(f"run {i + 1}: {total:.3f} s", {k: round(v, 3) for k, v in stages.items()},
               flush=True)
@@ -117,6 +121,10 @@ def main(argv=None):
     parser.add_argument("--sec-weight", type=float, default=None,
                         help="(--gradients) ClFunction's sensitivity error weight (default: its "
                              "own; docs/gradients.md); --out also gets the Jacobian as .npz")
+    parser.add_argument("--los-batch", default="auto",
+                        help="multipoles per line-of-sight iteration, comma-separated values "
+                             "timed one after another in this process (auto: "
+                             "line_of_sight.multipole_batch, 1 on a CPU), e.g. 1,auto")
     parser.add_argument("--coarser", type=float, default=1.0,
                         help="ClSampling().coarser(FACTOR) (1: the default sampling)")
     args = parser.parse_args(argv)
@@ -149,14 +157,17 @@ def main(argv=None):
             import classy  # noqa: F401
         except ImportError:
             parser.error("--class needs classy (the reference extra: pip install -e '.[reference]')")
-    rows = time_ours(config, backend, args.runs)
+    rows = []
+    for value in args.los_batch.split(","):
+        value = value.strip()
+        rows += time_ours(config, backend, args.runs, None if value == "auto" else int(value))
     result = dict(_header(args, config), runs=rows)
     print(f"\n{args.config}, backend {args.backend} on {result['device']}, "
           f"{result['date']}: l_max = {result['l_max']}, lensing = {result['lensing']}\n")
-    print("| run | total [s] | " + " | ".join(STAGES) + " |")
-    print("|---|---|" + "---|" * len(STAGES))
+    print("| line-of-sight batch | run | total [s] | " + " | ".join(STAGES) + " |")
+    print("|---|---|---|" + "---|" * len(STAGES))
     for r in rows:
-        print(f"| {r['run']} | {r['total_s']:.2f} | "
+        print(f"| {r['los_batch']} | {r['run']} | {r['total_s']:.2f} | "
               + " | ".join(f"{r[s + '_s']:.2f}" for s in STAGES) + " |")
     if args.with_class:
         walls = time_class(config, max(args.runs, 2))

@@ -13,7 +13,8 @@
 #   first_run  the main job on CUDA in a first and a second process (one cache folder)
 #   first_run_grad  the same with --gradients (the first Jacobian call and a later process's)
 #   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
-#              per-stage times (the line-of-sight k windows' effect on the GPU)
+#              per-stage times, one multipole per line-of-sight iteration and then the
+#              batched default side by side
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
 #              a fourth under -X importtime
 # Python writes its bytecode under $JOB/pycache (the image sets PYTHONDONTWRITEBYTECODE, which
@@ -82,7 +83,7 @@ for s in ${STEPS:-cb d first_run profile}; do
             --cache-dir "$CACHE.grad" --out "$JOB/fr_grad" ;;
     cl)
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
-            --backend cuda --runs 3 --out "$JOB/cl" ;;
+            --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
     profile)
         step profile 120 python -m cProfile -o "$JOB/third.prof" scripts/transfer.py \
             --config lcdm --backend cuda --cache-dir "$CACHE" --out /tmp/prof_out --no-plot

@@ -34,18 +34,23 @@ def test_refuses_a_config_without_cl(bench, capsys):
 def test_table_and_json(bench, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runtime, "configure", lambda settings: None)
 
-    def fake_runs(config, backend, runs):
+    def fake_runs(config, backend, runs, los_batch=None):
         return [{"run": i + 1, "total_s": 1.0 + i, **{f"{s}_s": 0.25 for s in bench.STAGES},
+                 "los_batch": "auto" if los_batch is None else los_batch,
                  "info": {"k_source": 3}} for i in range(runs)]
 
     monkeypatch.setattr(bench, "time_ours", fake_runs)
     bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--runs", "2",
                 "--backend", "jax", "--out", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "| run | total [s] | tables | sources | bessel |" in out
-    assert "| 2 | 2.00 | 0.25 |" in out
+    assert "| line-of-sight batch | run | total [s] | tables | sources | bessel |" in out
+    assert "| auto | 2 | 2.00 | 0.25 |" in out
     data = json.loads((tmp_path / "bench_cl.json").read_text())
     assert data["l_max"] == 2500 and data["lensing"] is True and len(data["runs"]) == 2
+    bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--runs", "1",
+                "--backend", "jax", "--los-batch", "1,auto"])
+    out = capsys.readouterr().out
+    assert "| 1 | 1 | 1.00 |" in out and "| auto | 1 | 1.00 |" in out
 
 
 def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):

@@ -206,6 +206,35 @@ def test_windowed_transfers_are_the_whole_ones_on_each_window():
         transfer_functions(src, ells, k, table, window=TransferWindow.whole(3, k.size), **kw)
 
 
+def test_multipoles_per_iteration_do_not_change_the_transfers(monkeypatch):
+    """The line of sight's loops may take several multipoles per iteration (on an accelerator,
+    where an iteration's launches cost more than its arithmetic): Δ^T, Δ^E, Δ^φ are the same
+    for any batch, uneven ones included; ``multipole_batch`` is 1 on a CPU and, on an
+    accelerator, what ``BATCH_BYTES`` holds (at most ``MAX_BATCH``, at least 1)."""
+    from boltzmann.cmb import line_of_sight as los
+
+    src = _gaussian_sources(np.linspace(0.01, 0.2, 12))
+    src = dataclasses.replace(src, phi=src.t0 * 0.3)
+    ells = np.array([2, 10, 60, 100, 150])
+    k = np.linspace(0.012, 0.19, 40)
+    table = bessel.BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0, dx=0.05)
+    window = TransferWindow(lo=np.array([0, 5, 12, 28, 30]), hi=np.array([10, 30, 25, 36, 40]),
+                            phi_stride=3)
+    kw = dict(l_late=100, late_cut_tau=500.0, l_limber=60, window=window)
+    one = transfer_functions(src, ells, k, table, batch=1, **kw)
+    for batch in (2, 3, 8):
+        other = transfer_functions(src, ells, k, table, batch=batch, **kw)
+        for name in ("T", "E", "P"):
+            np.testing.assert_allclose(np.asarray(getattr(other, name)),
+                                       np.asarray(getattr(one, name)), rtol=1e-13, atol=1e-300)
+    assert los.multipole_batch(4900, 1074) == 1                 # this CPU
+    monkeypatch.setattr(los.jax, "default_backend", lambda: "gpu")
+    assert los.multipole_batch(4900, 1074) == los.BATCH_BYTES // (4900 * 1074 * 8 * 6)
+    assert los.multipole_batch(4900, 1074, copies=3) < los.multipole_batch(4900, 1074)
+    assert los.multipole_batch(10, 10) == los.MAX_BATCH
+    assert los.multipole_batch(10 ** 6, 10 ** 4) == 1
+
+
 def test_transfer_window_bounds():
     """The window starts where j_ℓ(kχ) is still negligible at the largest distance χ_max and
     ends at the first k beyond ℓ/χ_rec + k_window_extra; without the extra it is the whole grid

@@ -75,13 +75,16 @@ class ClFunction:
     ``l_max``, ``spectra``, ``lensing`` (default: the config's output block, as
     ``cl_for_config``), ``sampling`` (ClSampling), ``backend`` ("jax", "cuda", "auto"),
     ``direction_block``: tangent directions per pass of the line of sight (memory against
-    passes), ``sensitivity_error_control`` (as for P(k), docs/gradients.md).
+    passes), ``sensitivity_error_control`` (as for P(k), docs/gradients.md), ``los_batch``:
+    multipoles per iteration of the line of sight (None: ``line_of_sight.multipole_batch``
+    for a slab and the direction block's tangents).
     """
 
     def __init__(self, config, *, parameters: Sequence[str] | None = None, l_max=None,
                  spectra=None, lensing=None, sampling: ClSampling = ClSampling(),
                  backend="jax", direction_block: int = 2, max_steps: int = 200_000,
-                 sensitivity_error_control: bool | float = True):
+                 sensitivity_error_control: bool | float = True,
+                 los_batch: int | None = None):
         require_float64()
         out = config.output
         self.l_out = int(getattr(out, "l_max", 2500) if l_max is None else l_max)
@@ -115,6 +118,8 @@ class ClFunction:
         self.plan = plan
         self.ells = sampled_multipoles(self.l_max, sampling)
         self.sampling = sampling
+        #: multipoles per line-of-sight iteration (None: sized for the jvp's direction block)
+        self.los_batch = los_batch
         self.k_transfer = transfer_wavenumbers(plan.k[:plan.n_cmb], plan.tau0_fid, sampling)
         self.window = transfer_window(self.ells, self.k_transfer, plan.tau_fid, plan.tau0_fid,
                                       plan.tau_rec_fid, sampling)
@@ -184,7 +189,8 @@ class ClFunction:
                          phi=srcs[4], status=None, n_accepted=None, n_cmb=plan.n_cmb)
         tr = transfer_functions(src, self.ells, self.k_transfer, table, l_late=L_LATE,
                                 l_limber=self.l_limber, window=self.window,
-                                spline_degree=self.sampling.k_spline_degree)
+                                spline_degree=self.sampling.k_spline_degree,
+                                batch=self.los_batch, copies=1 + self.direction_block)
         sampled = sampled_spectra(tr, src, prim["A_s"], prim["n_s"], prim["k_pivot"],
                                   T_cmb=prim["T_cmb"], l_limber=self.l_limber,
                                   with_pp=self.with_pp, tau_fid=plan.tau_fid,

@@ -31,7 +31,32 @@ import numpy as np
 from . import bessel
 from .sampling import TransferWindow, spline_matrix
 
-__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid"]
+__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch",
+           "BATCH_BYTES"]
+
+#: on an accelerator, the working set of one ``lax.map`` iteration of the line of sight: the
+#: multipoles per iteration are as many as fit (``multipole_batch``)
+BATCH_BYTES = 2 * 1024 ** 3
+#: the (k, τ) arrays of one multipole alive at once in an iteration (the Bessel values and the
+#: two integrands; an estimate, generous rather than tight)
+_ARRAYS_PER_MULTIPOLE = 6
+#: at most this many multipoles per iteration
+MAX_BATCH = 16
+
+
+def multipole_batch(width: int, n_tau: int, copies: int = 1) -> int:
+    """Multipoles per iteration of the line of sight's loops: 1 on a CPU; on an accelerator as
+    many as ``BATCH_BYTES`` holds for a (``width``, ``n_tau``) slab per multipole and
+    ``copies`` copies of it (a jvp's tangents), at most ``MAX_BATCH``.
+
+    Why: on a CPU one multipole's slab already keeps the cores busy, and a larger batch only
+    costs memory. On a GPU an iteration is a few dozen kernel launches whatever its size: the
+    line of sight took 0.21 s on an H200 for 251 multipoles, no faster with windows half the
+    width of the whole grid (docs/benchmarks.md), so there it is the iterations that cost."""
+    if jax.default_backend() == "cpu":
+        return 1
+    per = int(width) * int(n_tau) * 8 * _ARRAYS_PER_MULTIPOLE * max(1, int(copies))
+    return int(max(1, min(MAX_BATCH, BATCH_BYTES // max(per, 1))))
 
 
 @dataclass(frozen=True)
@@ -65,10 +90,10 @@ def fine_sources(src, k_fine, degree: int = 5):
     return {name: m @ getattr(src, name) for name in ("t0", "t1", "t2", "e", "phi")}
 
 
-def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs):
+def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int = 1):
     """Δ^T, Δ^E (len(ils), K) of the multipoles ``ils``, each integrated over the ``width``
     transfer wavenumbers from its ``starts`` entry and kept on its window [lo, hi) (zero
-    elsewhere in its row)."""
+    elsewhere in its row); ``batch`` multipoles per iteration."""
     n_k = k.shape[0]
     names = ("t0", "t1", "t2", "e")
 
@@ -87,12 +112,15 @@ def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs):
         return (jax.lax.dynamic_update_slice_in_dim(row, t, start, 0),
                 jax.lax.dynamic_update_slice_in_dim(row, e, start, 0))
 
-    return jax.lax.map(body, tuple(jnp.asarray(a, jnp.int32) for a in (ils, starts, lo, hi)))
+    return jax.lax.map(body, tuple(jnp.asarray(a, jnp.int32) for a in (ils, starts, lo, hi)),
+                       batch_size=batch if batch > 1 else None)
 
 
-def _phi_rows(table, ils, x, w, s_phi):
-    """Δ^φ (len(ils), K_φ) on the lensing potential's k grid (x: (K_φ, S))."""
-    return jax.lax.map(lambda il: (s_phi * bessel.j_only(table, il, x)) @ w, jnp.asarray(ils))
+def _phi_rows(table, ils, x, w, s_phi, batch: int = 1):
+    """Δ^φ (len(ils), K_φ) on the lensing potential's k grid (x: (K_φ, S)); ``batch``
+    multipoles per iteration."""
+    return jax.lax.map(lambda il: (s_phi * bessel.j_only(table, il, x)) @ w, jnp.asarray(ils),
+                       batch_size=batch if batch > 1 else None)
 
 
 def _grouped(idx, window, n_k):
@@ -107,10 +135,13 @@ def _grouped(idx, window, n_k):
 def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int = 400,
                        late_cut_tau: float | None = None, l_limber: int = 100,
                        window: TransferWindow | None = None,
-                       spline_degree: int = 5) -> Transfers:
+                       spline_degree: int = 5, batch: int | None = None,
+                       copies: int = 1) -> Transfers:
     """Δ_ℓ^T, Δ_ℓ^E (and Δ_ℓ^φ for ℓ ≤ l_limber) of the sources ``src`` (a SourceGrid), each
     multipole over its ``window`` of the k grid (sampling.transfer_window; None: all of it);
-    the sources reach the k grid by the spline of ``spline_degree`` in ln k."""
+    the sources reach the k grid by the spline of ``spline_degree`` in ln k. ``batch``:
+    multipoles per loop iteration (None: ``multipole_batch`` for ``copies`` copies of a
+    multipole's slab, e.g. 1 + the directions of an enclosing vmapped jvp)."""
     ells = np.asarray(ells)
     if not np.array_equal(np.asarray(table.ells), ells):
         raise ValueError("transfer_functions: the Bessel table must hold exactly ``ells``")
@@ -133,18 +164,25 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
     E = jnp.zeros((ells.size, k.size))
     late = np.nonzero(ells <= l_late)[0]
     early = np.nonzero(ells > l_late)[0]
+    def per_iteration(width, n_tau):
+        return batch if batch is not None else multipole_batch(width, n_tau, copies)
+
     if late.size:
-        t, e = _window_rows(table, *_grouped(late, window, k.size), kj, chi, w, fine)
+        group = _grouped(late, window, k.size)
+        t, e = _window_rows(table, *group, kj, chi, w, fine,
+                            batch=per_iteration(group[2], tau.shape[0]))
         T, E = T.at[late].set(t), E.at[late].set(e)
     if early.size:
         cut = {name: v[:, :n_cut] for name, v in fine.items()}
-        t, e = _window_rows(table, *_grouped(early, window, k.size), kj, chi[:n_cut],
-                            trapezoid(tau[:n_cut]), cut)
+        group = _grouped(early, window, k.size)
+        t, e = _window_rows(table, *group, kj, chi[:n_cut], trapezoid(tau[:n_cut]), cut,
+                            batch=per_iteration(group[2], n_cut))
         T, E = T.at[early].set(t), E.at[early].set(e)
     with_p = np.nonzero(ells <= l_limber)[0]
     ip = window.phi_indices(k.size)
     P = None
     if with_p.size:
-        P = _phi_rows(table, with_p, kj[ip][:, None] * chi[None, :], w, fine["phi"][ip])
+        P = _phi_rows(table, with_p, kj[ip][:, None] * chi[None, :], w, fine["phi"][ip],
+                      batch=per_iteration(ip.size, tau.shape[0]))
     return Transfers(ells=ells, k=np.asarray(k), T=T, E=E, ells_p=ells[with_p], P=P,
                      k_p=np.asarray(k)[ip])

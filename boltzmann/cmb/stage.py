@@ -58,9 +58,11 @@ def check_request(l_max: int, spectra, lensing: bool) -> None:
 
 def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
                spectra=("TT", "EE", "TE", "PP"), lensing: bool = False,
-               sampling: ClSampling = ClSampling(), backend="auto") -> ClSpectra:
+               sampling: ClSampling = ClSampling(), backend="auto",
+               los_batch: int | None = None) -> ClSpectra:
     """C_ℓ of the first cosmology of ``tables``/``cosmos`` (a stacked CosmoParams) for every
-    ℓ = 2..l_max; see the module docstring and docs/cmb.md."""
+    ℓ = 2..l_max; see the module docstring and docs/cmb.md. ``los_batch``: multipoles per
+    iteration of the line of sight (None: ``line_of_sight.multipole_batch``)."""
     require_float64()
     check_request(l_max, spectra, lensing)
     l_out = int(l_max)
@@ -82,7 +84,8 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     l_limber = min(L_LIMBER, int(l_max))
     window = transfer_window(ells, k, src.tau, src.tau0, src.tau_rec, sampling)
     tr = transfer_functions(src, ells, k, table, l_late=L_LATE, l_limber=l_limber,
-                            window=window, spline_degree=sampling.k_spline_degree)
+                            window=window, spline_degree=sampling.k_spline_degree,
+                            batch=los_batch)
     timings["line_of_sight"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -162,9 +165,10 @@ def every_ell(sampled: dict, ells, l_max: int, names, degree: int = 5) -> dict:
 
 
 def cl_for_config(config, *, l_max: int | None = None, spectra=None, lensing=None,
-                  sampling: ClSampling = ClSampling(), backend="auto") -> ClSpectra:
+                  sampling: ClSampling = ClSampling(), backend="auto",
+                  los_batch: int | None = None) -> ClSpectra:
     """Tables and C_ℓ for ``config`` (a boltzmann.params.Config); arguments left None come from
-    its output block (``cl``, ``l_max``, ``lensing``)."""
+    its output block (``cl``, ``l_max``, ``lensing``); ``los_batch`` as ``compute_cl``'s."""
     from .. import modes
     from ..ensemble import stack_cosmologies
     from ..tables import compute_tables
@@ -179,4 +183,4 @@ def cl_for_config(config, *, l_max: int | None = None, spectra=None, lensing=Non
     grid = modes.make_grid(config.precision)
     tables = compute_tables(stacked, grid, model)
     return compute_cl(tables, stacked, config.precision, model, l_max=l_max, spectra=spectra,
-                      lensing=lensing, sampling=sampling, backend=backend)
+                      lensing=lensing, sampling=sampling, backend=backend, los_batch=los_batch)
