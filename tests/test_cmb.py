@@ -222,7 +222,7 @@ def test_multipoles_per_iteration_do_not_change_the_transfers(monkeypatch):
                             phi_stride=3)
     kw = dict(l_late=100, late_cut_tau=500.0, l_limber=60, window=window)
     one = transfer_functions(src, ells, k, table, batch=1, **kw)
-    for batch in (2, 3, 8):
+    for batch in (3,):          # uneven: the four multipoles ℓ ≤ l_late in 3 + 1
         other = transfer_functions(src, ells, k, table, batch=batch, **kw)
         for name in ("T", "E", "P"):
             np.testing.assert_allclose(np.asarray(getattr(other, name)),
