@@ -11,10 +11,9 @@ halved (``tau``), twice the sampled multipoles (``ell``), or all three at once (
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 
@@ -34,14 +33,14 @@ def with_settings(base: ClSampling, text: str) -> ClSampling:
     """``base`` with the fields that ``text`` sets, "name=value" joined by "+" (e.g.
     "tau_step_max=6.25+k_spline_degree=3"); a value of "none" is None. Why: the single-knob
     comparisons behind the defaults (docs/cmb.md, Sampling) are runs of this script too."""
-    fields = {f.name: f for f in dataclasses.fields(ClSampling)}
+    names = [f.name for f in fields(ClSampling)]
     changes = {}
     for item in text.split("+"):
         name, _, value = item.partition("=")
         name = name.strip()
-        if name not in fields or not value:
+        if name not in names or not value:
             raise ValueError(f"{item!r}: give name=value with a ClSampling field name "
-                             f"({', '.join(fields)})")
+                             f"({', '.join(names)})")
         current = getattr(base, name)
         if value.strip().lower() == "none":
             changes[name] = None

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import bessel
-from .sampling import TransferWindow, spline_matrix
+from .sampling import ClSampling, TransferWindow, spline_matrix
 
 __all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch",
            "BATCH_BYTES"]
@@ -84,7 +84,7 @@ def trapezoid(t):
     return jnp.concatenate([half, zero]) + jnp.concatenate([zero, half])
 
 
-def fine_sources(src, k_fine, degree: int = 5):
+def fine_sources(src, k_fine, degree: int = ClSampling.k_spline_degree):
     """{name: (K_fine, S)} the sources on ``k_fine`` (``spline_matrix`` of ``degree`` in ln k)."""
     m = jnp.asarray(spline_matrix(src.k, k_fine, degree))
     return {name: m @ getattr(src, name) for name in ("t0", "t1", "t2", "e", "phi")}
@@ -135,7 +135,8 @@ def _grouped(idx, window, n_k):
 def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int = 400,
                        late_cut_tau: float | None = None, l_limber: int = 100,
                        window: TransferWindow | None = None,
-                       spline_degree: int = 5, batch: int | None = None,
+                       spline_degree: int = ClSampling.k_spline_degree,
+                       batch: int | None = None,
                        copies: int = 1) -> Transfers:
     """Δ_ℓ^T, Δ_ℓ^E (and Δ_ℓ^φ for ℓ ≤ l_limber) of the sources ``src`` (a SourceGrid), each
     multipole over its ``window`` of the k grid (sampling.transfer_window; None: all of it);
@@ -164,6 +165,7 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
     E = jnp.zeros((ells.size, k.size))
     late = np.nonzero(ells <= l_late)[0]
     early = np.nonzero(ells > l_late)[0]
+
     def per_iteration(width, n_tau):
         return batch if batch is not None else multipole_batch(width, n_tau, copies)
 

@@ -99,24 +99,18 @@ class ClSampling:
 
     def coarser(self, factor: float) -> "ClSampling":
         """The same sampling with every step ``factor`` times larger (tests, quick looks)."""
-        return ClSampling(
-            l_all=self.l_all, l_logstep=1.0 + (self.l_logstep - 1.0) * factor,
-            l_linstep=int(round(self.l_linstep * factor)), k_min_tau0=self.k_min_tau0,
-            k_max_tau0_over_l_max=self.k_max_tau0_over_l_max, k_max_extra=self.k_max_extra,
+        return replace(
+            self, l_logstep=1.0 + (self.l_logstep - 1.0) * factor,
+            l_linstep=int(round(self.l_linstep * factor)),
             k_log_per_decade=self.k_log_per_decade / factor,
             k_step_acoustic=self.k_step_acoustic * factor,
-            k_step_super=self.k_step_super * factor, k_super_end=self.k_super_end,
+            k_step_super=self.k_step_super * factor,
             k_step_growth=1.0 + (self.k_step_growth - 1.0) * factor,
-            k_photon_control=self.k_photon_control, z_streaming=self.z_streaming,
-            k_lensing_max=self.k_lensing_max,
             k_lensing_per_decade=self.k_lensing_per_decade / factor,
             q_step=self.q_step * factor, q_log_per_decade=self.q_log_per_decade / factor,
-            k_window_extra=self.k_window_extra, phi_k_stride=self.phi_k_stride,
-            tau_step_rec=self.tau_step_rec * factor, tau_fine_end=self.tau_fine_end,
+            tau_step_rec=self.tau_step_rec * factor,
             tau_growth=1.0 + (self.tau_growth - 1.0) * factor,
-            tau_step_max=self.tau_step_max * factor, visibility_start=self.visibility_start,
-            rtol=self.rtol, k_spline_degree=self.k_spline_degree,
-            l_spline_degree=self.l_spline_degree)
+            tau_step_max=self.tau_step_max * factor)
 
     def refined(self, k: float = 1.0, tau: float = 1.0, ell: float = 1.0) -> "ClSampling":
         """This sampling with ``k`` times as many wavenumbers (source modes, transfer grid and
@@ -249,7 +243,8 @@ def transfer_window(ells, k: np.ndarray, tau, tau0: float, tau_rec: float,
     return TransferWindow(lo=lo, hi=hi, phi_stride=max(1, int(s.phi_k_stride)))
 
 
-def spline_matrix(k_from: np.ndarray, k_to: np.ndarray, degree: int = 5) -> np.ndarray:
+def spline_matrix(k_from: np.ndarray, k_to: np.ndarray,
+                  degree: int = ClSampling.k_spline_degree) -> np.ndarray:
     """(len(k_to), len(k_from)) matrix of the interpolating spline of ``degree`` in ln k.
 
     Why degree 5: at the acoustic step (12.5 modes per period 2π/r_s) a cubic spline's error in

@@ -24,7 +24,7 @@ from scipy.interpolate import CubicSpline, make_interp_spline
 
 from ..spectra import primordial_curvature_power
 from .line_of_sight import trapezoid
-from .sampling import trapezoid_weights
+from .sampling import ClSampling, trapezoid_weights
 
 __all__ = ["ClSpectra", "cl_from_transfers", "ell_spline_matrix", "limber_pp", "D_ELL_NAMES"]
 
@@ -63,7 +63,7 @@ class ClSpectra:
 
 
 def ell_spline_matrix(ells_sampled: np.ndarray, l_max: int, breaks=(),
-                      degree: int = 5) -> np.ndarray:
+                      degree: int = ClSampling.l_spline_degree) -> np.ndarray:
     """(l_max - 1, L_s) matrix: values at ℓ = 2..l_max of the interpolating spline of ``degree``
     through the samples, taken apart on each side of every ℓ in ``breaks`` (the sides meet
     between b and b + 1, both sampled: ``sampling.multipoles(..., breaks)``).

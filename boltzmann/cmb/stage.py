@@ -145,7 +145,8 @@ def sampled_multipoles(l_max: int, sampling: ClSampling = ClSampling()) -> np.nd
     return multipoles(int(l_max), sampling, breaks=breaks)
 
 
-def every_ell(sampled: dict, ells, l_max: int, names, degree: int = 5) -> dict:
+def every_ell(sampled: dict, ells, l_max: int, names,
+              degree: int = ClSampling.l_spline_degree) -> dict:
     """{name: (l_max - 1,)} C_ℓ at every ℓ = 2..l_max: the spline of ``degree`` of ℓ(ℓ+1)C_ℓ
     through the sampled ℓ, apart on each side of the spectrum's ``method_breaks`` (one fixed
     matrix per spectrum; traceable)."""
