@@ -34,7 +34,8 @@ from . import background as bg
 from . import constants as const
 from . import ncdm as ncdm_mod
 
-__all__ = ["Grid", "make_grid", "model_for", "mode_rows", "initial_states", "initial_states_at",
+__all__ = ["Grid", "make_grid", "model_for", "fluid_form", "switch_times", "mode_rows",
+           "initial_states", "initial_states_at",
            "error_weights", "UNCONTROLLED", "BARYON_STATES", "save_times", "check_start_times",
            "sigma8_grid",
            "SIGMA8_K_RANGE_H", "SIGMA8_K_PER_DECADE"]
@@ -45,6 +46,8 @@ X_MAX = 0.02
 #: generated models by structure: the same function object comes back for every cosmology of one
 #: structure, so the solver's compiled plans (keyed by the RHS) are reused across runs
 _MODELS = Cache("boltzmann.models", maxsize=16)
+#: the neutrino-fluid form of each of those models, by the full model (kept alive with it)
+_FLUID_MODELS = Cache("boltzmann.fluid_models", maxsize=16)
 #: jitted initial-state programs per (model, start-time criteria)
 _ROW_PROGRAMS = Cache("boltzmann.mode_row_programs", maxsize=32)
 _INITIAL_STATE_FNS = Cache("boltzmann.initial_states", maxsize=16)
@@ -83,6 +86,38 @@ def model_for(cosmo, precision, *, de_at_lambda: bool = False):
            int(precision.l_max_pol_g), int(precision.l_max_ur), int(precision.l_max_ncdm),
            int(precision.n_q_ncdm), bool(de_at_lambda), ppf)
     return _MODELS.get_or_build(key, lambda: _build_model(*key))
+
+
+def fluid_form(model, species: str = "ur+ncdm"):
+    """The neutrino-fluid form of ``model`` (models/species/neutrino_fluids.py): the same
+    parameters and tables, F_ur_0..2 and three fluid variables per massive species in place of
+    the hierarchies; a mode continues in it after its switch time (``switch_times``).
+    ``species``: which hierarchies give way, "ur", "ncdm" or "ur+ncdm"."""
+    if model.neutrino_fluid:
+        raise ValueError("fluid_form: the model is already the neutrino-fluid form")
+
+    def build():
+        return model, build_eb_model(
+            l_max_g=model.l_max_g, l_max_pol_g=model.l_max_pol_g, l_max_ur=model.l_max_ur,
+            ncdm=model.ncdm, l_max_ncdm=model.l_max_ncdm, de_fluid=model.de_fluid,
+            de_at_lambda=model.de_at_lambda, de_ppf=model.de_ppf, neutrino_fluid=species)
+    return _FLUID_MODELS.get_or_build((id(model), species), build)[1]
+
+
+def switch_times(model, model_table, grid: Grid, k, cosmo_index, k_tau: float) -> np.ndarray:
+    """x = ln a (N,) at which each mode reaches k τ = ``k_tau``, from the tables' ln τ column.
+
+    k: (N,) wavenumbers [1/Mpc]; cosmo_index: (N,) each mode's table row. Modes that reach it
+    only beyond the grid get +inf (they never switch)."""
+    col = list(model.table_columns).index("ln_conformal_time")
+    ln_tau = np.asarray(jax.device_get(model_table[:, col, 0, :]))      # (C, n_grid)
+    target = math.log(k_tau) - np.log(np.asarray(k, np.float64))
+    out = np.full(target.shape, np.inf)
+    for c in np.unique(cosmo_index):
+        sel = np.asarray(cosmo_index) == c
+        inside = sel & (target <= ln_tau[c, -1]) & (target >= ln_tau[c, 0])
+        out[inside] = np.interp(target[inside], ln_tau[c], grid.nodes)
+    return out
 
 
 def _build_model(n_ncdm, use_fld, l_max_g, l_max_pol_g, l_max_ur, l_max_ncdm, n_q, de_at_lambda,
@@ -197,12 +232,14 @@ def check_start_times(x0, grid: Grid, x_save, precision) -> None:
                          f"max z allowed here is {np.expm1(-x0.max()):.3g}")
 
 
-#: state-name prefixes left out of step-size control: every free-streaming hierarchy, and the
+#: state-name prefixes left out of step-size control: every free-streaming hierarchy (and the
+#: massive neutrinos' fluid variables that replace theirs inside the horizon), and the
 #: dark-energy fluid linearised about Λ (``de_at_lambda``: delta_de_A, theta_de_A, delta_de_B,
 #: theta_de_B), which enters the Einstein equations only through factors 1 + w0 - wa and
 #: wa (2 - a) that vanish at Λ: the states do not depend on it, only their w0/wa sensitivities
 #: do, and resolving its c_s² = 1 sound waves multiplies the steps at high k (docs/gradients.md).
-UNCONTROLLED = ("F_g_", "G_g_", "F_ur_", "Psi_", "delta_de_", "theta_de_")
+UNCONTROLLED = ("F_g_", "G_g_", "F_ur_", "Psi_", "delta_de_", "theta_de_", "delta_ncdm_",
+                "theta_ncdm_", "sigma_ncdm_")
 #: the baryon states, whose error weight is the precision key ``baryon_error_weight``
 BARYON_STATES = ("delta_b", "theta_b")
 

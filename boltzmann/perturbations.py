@@ -22,6 +22,8 @@ from solver import describe, solve, solve_diff, solve_with_tangents
 from solver.backends.registry import resolve_backend
 from solver.caches import Cache
 
+from models.fluid_switch import fluid_state_map
+
 from . import modes
 from .progress import null_progress
 
@@ -139,19 +141,115 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     timings = {"initial_conditions": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
-    one_launch = resolve_backend(backend).name == "cuda"
     N = C * K
-    n_chunk = N if one_launch else int(np.ceil(N / N_CHUNKS_JAX))
-    ys_chunks = []        # left where the solver put them (on the GPU): no host round trip
-    status = np.empty(N, int)
-    n_acc = np.empty(N, int)
-    n_rej = np.empty(N, int)
-    used, info = None, {}
     progress("perturbations", 0, N)
+    obs, status, n_acc, n_rej, used, info = _solve_phases(
+        model, y0, x0, x_save, rows, tables, precision, weights, backend, max_steps)
+    progress("perturbations", N, N)
+    timings["solve"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(N)
+    # one transfer of every observable, then host-side reordering (no device op per field)
+    obs = jax.device_get(obs)
+    fields = {name: _czk(np.asarray(v), C, K, z_cols, inverse) for name, v in obs.items()}
+    timings["observables"] = time.perf_counter() - t0
+    return Transfers(k=k, z=zs, k_h=None if k_h is None else np.asarray(k_h, np.float64), fields=fields,
+                     status=status[inverse].reshape(C, K), n_accepted=n_acc[inverse].reshape(C, K),
+                     n_rejected=n_rej[inverse].reshape(C, K), backend=used, solver_info=info,
+                     timings=timings)
+
+
+def _fluid_phases(model, tables, rows, precision, x_save) -> list[tuple[str, np.ndarray]]:
+    """The neutrino-fluid switches of every mode, in the order they happen: [(form, x (N,))],
+    the model's form after the switch (models.eb.FLUID_FORMS) and each mode's switch time
+    (``modes.switch_times`` at the precision's ``ur_fluid_k_tau``/``ncdm_fluid_k_tau``), +inf
+    where the mode does not switch: a mode switches only before its first save time (a mode
+    that would switch later is a low-k mode, cheap in the full model). Empty when both keys are
+    0 or the model has no massive species for ``ncdm``."""
+    triggers = [(float(precision.ur_fluid_k_tau), "ur")]
+    if model.ncdm:
+        triggers.append((float(precision.ncdm_fluid_k_tau), "ncdm"))
+    triggers = sorted((kt, sp) for kt, sp in triggers if kt > 0.0)
+    if not triggers:
+        return []
+    rows_h = np.asarray(jax.device_get(rows))
+    k, row = rows_h[:, model.param_index("k")], rows_h[:, model.param_index("cosmo_row")]
+    phases, replaced = [], []
+    for k_tau in sorted({kt for kt, _ in triggers}):        # equal triggers: one switch
+        replaced += [sp for kt, sp in triggers if kt == k_tau]
+        x = modes.switch_times(model, tables.model_table, tables.grid, k, row.astype(int), k_tau)
+        phases.append(("+".join(sorted(replaced, key=("ur", "ncdm").index)),
+                       np.where(x < x_save[0], x, np.inf)))
+    return phases
+
+
+def _solve_phases(model, y0, x0, x_save, rows, tables, precision, weights, backend, max_steps):
+    """(observables {name: (N, S)}, status, accepted, rejected, backend name, launch info) of N
+    modes, each solved in the full model up to its first neutrino-fluid switch and in the
+    fluid forms after (``_fluid_phases``): one launch per model, of the modes still running.
+    A mode's observables are its last model's; its steps are summed over the phases."""
+    N = np.shape(y0)[0]
+    status, n_acc, n_rej = np.zeros(N, int), np.zeros(N, int), np.zeros(N, int)
+    obs, info, used = None, {"state_size": int(model.n)}, None
+    active = np.arange(N)                  # the modes of this phase, into all N
+    y, x_start, current = np.asarray(y0), np.asarray(x0), model
+    rows = jnp.asarray(rows)
+    phases = _fluid_phases(model, tables, rows, precision, x_save) + [("", None)]
+    for form, x_next in phases:
+        x_sw = np.full(active.size, np.inf) if x_next is None else x_next[active]
+        switching = np.isfinite(x_sw)
+        # every mode to its last save time, or to its switch time (saved there, S times over,
+        # for one (N, S) save array)
+        t_save = np.where(switching[:, None], x_sw[:, None], x_save[None, :])
+        w = weights if current is model else modes.error_weights(
+            current, precision.baryon_error_weight)
+        ys, st, acc, rej, used, launch = _solve_in_chunks(
+            current, y, x_start, t_save, rows[active], tables, precision, w, backend, max_steps)
+        status[active] = np.where(status[active] != 0, status[active], st)
+        n_acc[active] += acc
+        n_rej[active] += rej
+        if current is model:
+            info.update(launch)
+        else:
+            info[f"{current.neutrino_fluid}_phase"] = {
+                "modes": int(active.size), "state_size": int(current.n),
+                **{key: v for key, v in launch.items() if isinstance(v, (int, float, str))}}
+        done = np.nonzero(~switching)[0]
+        if done.size:
+            o = observables(current, jnp.asarray(ys)[done], x_save, rows[active[done]],
+                            tables.model_table)
+            obs = ({key: jnp.zeros((N, x_save.size), v.dtype) for key, v in o.items()}
+                   if obs is None else obs)
+            obs = {key: obs[key].at[active[done]].set(o[key]) for key in obs}
+        if not switching.any():
+            break
+        sw = np.nonzero(switching)[0]
+        nxt = modes.fluid_form(model, form)
+        y = np.asarray(fluid_state_map(current, nxt)(
+            jnp.asarray(ys)[sw, -1], jnp.asarray(x_sw[sw]), rows[active[sw]],
+            tables.model_table))
+        x_start, active, current = x_sw[sw], active[sw], nxt
+    return obs, status, n_acc, n_rej, used, info
+
+
+def _solve_in_chunks(model, y0, x0, t_save, rows, tables, precision, weights, backend, max_steps):
+    """(ys (N, S, n), status, accepted, rejected, backend name, launch info) of N modes: one
+    launch on the CUDA backend (its wall time is the slowest mode's either way), N_CHUNKS_JAX
+    launches of neighbouring modes (sorted by k) on the JAX backend."""
+    one_launch = resolve_backend(backend).name == "cuda"
+    N = np.shape(y0)[0]
+    n_chunk = N if one_launch else int(np.ceil(N / N_CHUNKS_JAX))
+    t_save = np.asarray(t_save, np.float64)
+    ys_chunks = []        # left where the solver put them (on the GPU): no host round trip
+    status, n_acc, n_rej = (np.empty(N, int) for _ in range(3))
+    used, info = None, {}
     for c in range(0, N, n_chunk):
         idx = np.arange(c, min(c + n_chunk, N))
         pad = np.concatenate([idx, np.full(n_chunk - idx.size, idx[-1])])
-        sol = solve(model.rhs, y0[pad], x_save, rows[pad], args=tables.model_table, t0=x0[pad],
+        ts = t_save[pad] if t_save.ndim == 2 else t_save
+        sol = solve(model.rhs, y0[pad], ts, rows[pad], args=tables.model_table, t0=x0[pad],
                     rtol=precision.rtol, atol=precision.atol, error_weights=weights,
                     backend=backend, max_steps=int(max_steps))
         m = idx.size
@@ -159,24 +257,10 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
         status[idx] = np.asarray(sol.status)[:m]
         n_acc[idx] = np.asarray(sol.n_accepted)[:m]
         n_rej[idx] = np.asarray(sol.n_rejected)[:m]
-        used, info = sol.backend, {"state_size": int(model.n), **dict(sol.info)}
-        progress("perturbations", int(idx[-1]) + 1, N)
-
-    timings["solve"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(N)
+        used, info = sol.backend, dict(sol.info)
     ys = ys_chunks[0] if len(ys_chunks) == 1 else jnp.concatenate(
         [jnp.asarray(y) for y in ys_chunks])
-    # one transfer of every observable, then host-side reordering (no device op per field)
-    obs = jax.device_get(observables(model, ys, x_save, rows, tables.model_table))
-    fields = {name: _czk(np.asarray(v), C, K, z_cols, inverse) for name, v in obs.items()}
-    timings["observables"] = time.perf_counter() - t0
-    return Transfers(k=k, z=zs, k_h=None if k_h is None else np.asarray(k_h, np.float64), fields=fields,
-                     status=status[inverse].reshape(C, K), n_accepted=n_acc[inverse].reshape(C, K),
-                     n_rejected=n_rej[inverse].reshape(C, K), backend=used, solver_info=info,
-                     timings=timings)
+    return ys, status, n_acc, n_rej, used, info
 
 
 def padded_chunks(chunks) -> np.ndarray:

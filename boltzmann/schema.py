@@ -148,6 +148,14 @@ PRECISION_TABLE: dict[str, Key] = {
                       "P_cb 2.5e-3 high at 1 h/Mpc, 24 gives 5e-4)"),
     "n_q_ncdm": Key("int", 5, Interval(1, 40), "-",
                     "momentum nodes of the massive-neutrino hierarchy (8 changes P by < 3e-5)"),
+    "ur_fluid_k_tau": Key("float", 0.0, Interval(0.0, 1.0e4), "-",
+                          "k tau at which a P(k) mode's massless-neutrino hierarchy gives way to "
+                          "fluid equations (docs/perturbations.md); 0 keeps it to the end; 30 "
+                          "moves P by <= 1.3e-4; keep l_max_ur >= this value"),
+    "ncdm_fluid_k_tau": Key("float", 0.0, Interval(0.0, 1.0e4), "-",
+                            "k tau at which a P(k) mode's massive-neutrino hierarchies give way "
+                            "to one fluid per species (docs/perturbations.md); 0 keeps them to "
+                            "the end; about 2e-3 in P_m for 0.2 eV of neutrinos"),
     "omega_tau_ini": Key("float", 1e-3, Interval(1e-6, 0.1), "-",
                          "start every mode no later than omega tau = omega_tau_ini, omega = "
                          "rho_m0/sqrt(rho_r0) (deep in radiation domination)"),

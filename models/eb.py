@@ -62,10 +62,14 @@ from .species.hierarchy import free_streaming_comment
 from .species.massive_neutrinos import MassiveNeutrinos, NcdmQuadrature
 from .species.massless_neutrinos import MasslessNeutrinos
 from .species.metric import Metric
+from .species.neutrino_fluids import MassiveNeutrinoFluid, MasslessNeutrinoFluid
 from .species.photons import Photons
 from .table_reads import TABLE_COLUMNS, table_split
 
-__all__ = ["EBModel", "NcdmQuadrature", "TABLE_COLUMNS", "build_eb_model", "rhs_source_only"]
+#: the neutrino-fluid forms of a model (``build_eb_model(neutrino_fluid=...)``); "" is the full one
+FLUID_FORMS = ("", "ur", "ncdm", "ur+ncdm")
+
+__all__ = ["EBModel", "FLUID_FORMS", "NcdmQuadrature", "TABLE_COLUMNS", "build_eb_model", "rhs_source_only"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,10 @@ class EBModel:
     linear_jacobian: object = field(default=None, repr=False, compare=False)
     #: w0-wa dark energy in the PPF closure (models/species/dark_energy_ppf.py)
     de_ppf: bool = False
+    #: neutrinos as fluids (models/species/neutrino_fluids.py): "ur" (F_ur_0..2 with the fluid
+    #: shear closure), "ncdm" (delta/theta/sigma_ncdm_s per massive species), "ur+ncdm", or ""
+    #: (every hierarchy in full)
+    neutrino_fluid: str = ""
 
     def index(self, name: str) -> int:
         """Position of a state variable by name (ValueError if absent)."""
@@ -149,7 +157,7 @@ def _compile(source, math_module, table_ops):
 def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
                    ncdm: Sequence[NcdmQuadrature] = (), l_max_ncdm: int = 20,
                    de_fluid: bool = False, de_at_lambda: bool = False,
-                   de_ppf: bool = False) -> EBModel:
+                   de_ppf: bool = False, neutrino_fluid: str = "") -> EBModel:
     """Generate and compile the synchronous-gauge EB model.
 
     Defaults: photon/polarisation (20, 15) as the CLASS reference run; l_max_ur = 50 because the
@@ -166,6 +174,11 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
 
     ``de_ppf``: the w0-wa dark energy in the parametrised post-Friedmann closure (one state Γ,
     no division by 1 + w, so w(a) may cross -1; equations in models/species/dark_energy_ppf.py).
+
+    ``neutrino_fluid``: "ur", "ncdm" or "ur+ncdm": the massless and/or massive neutrinos as
+    fluids, for modes well inside the horizon (models/species/neutrino_fluids.py); the l_max of a
+    replaced hierarchy is then unused but kept as given, so that the model records the full
+    model it continues.
 
     ``de_at_lambda``: the w0-wa fluid linearised about Λ, for derivatives at w0 = -1, wa = 0.
     There the c_s² = 1 fluid is singular (θ' has c_s² k² δ/(1+w), c_a² has w'/(1+w)) and its
@@ -184,6 +197,8 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
     ∂/∂w0 = D_(1,0) and ∂/∂wa = D_(1,1) - D_(1,0) — the definition of CLASS's finite-difference
     reference (tests/data/class_dlnpk_dtheta.yaml).  Only meant for derivatives at Λ.
     """
+    if neutrino_fluid not in FLUID_FORMS:
+        raise ValueError(f"neutrino_fluid must be one of {FLUID_FORMS}, got {neutrino_fluid!r}")
     if int(bool(de_fluid)) + int(bool(de_at_lambda)) + int(bool(de_ppf)) > 1:
         raise ValueError("de_fluid, de_at_lambda and de_ppf are exclusive")
     for name, value, low in (("l_max_g", l_max_g, 4), ("l_max_pol_g", l_max_pol_g, 4),
@@ -194,10 +209,11 @@ def build_eb_model(l_max_g: int = 20, l_max_pol_g: int = 15, l_max_ur: int = 50,
                  for s in ncdm)
 
     em = emitters(l_max_g, l_max_pol_g, l_max_ur, ncdm, l_max_ncdm, de_fluid, de_at_lambda,
-                  de_ppf)
+                  de_ppf, neutrino_fluid)
     return _compose(em, model_args=dict(
         l_max_g=l_max_g, l_max_pol_g=l_max_pol_g, l_max_ur=l_max_ur, l_max_ncdm=l_max_ncdm,
-        ncdm=ncdm, de_fluid=de_fluid, de_at_lambda=de_at_lambda, de_ppf=de_ppf))
+        ncdm=ncdm, de_fluid=de_fluid, de_at_lambda=de_at_lambda, de_ppf=de_ppf,
+        neutrino_fluid=neutrino_fluid))
 
 
 class Emitters(NamedTuple):
@@ -215,12 +231,14 @@ class Emitters(NamedTuple):
 
 
 def emitters(l_max_g, l_max_pol_g, l_max_ur, ncdm, l_max_ncdm, de_fluid, de_at_lambda,
-             de_ppf=False) -> Emitters:
+             de_ppf=False, neutrino_fluid="") -> Emitters:
     """One emitter per species for these (validated) arguments of :func:`build_eb_model`.
 
     The dark energy comes last: the PPF closure reads the other species' Einstein terms."""
-    photons, cold, ur = Photons(l_max_g, l_max_pol_g), BaryonsCdm(), MasslessNeutrinos(l_max_ur)
-    massive = [MassiveNeutrinos(s, sp, l_max_ncdm) for s, sp in enumerate(ncdm)]
+    photons, cold = Photons(l_max_g, l_max_pol_g), BaryonsCdm()
+    ur = MasslessNeutrinoFluid() if "ur" in neutrino_fluid else MasslessNeutrinos(l_max_ur)
+    massive = [MassiveNeutrinoFluid(s, sp) if "ncdm" in neutrino_fluid
+               else MassiveNeutrinos(s, sp, l_max_ncdm) for s, sp in enumerate(ncdm)]
     dark = ([DarkEnergyFluid()] if de_fluid else [DarkEnergyAtLambda()] if de_at_lambda
             else [DarkEnergyPPF()] if de_ppf else [])
     metric = Metric()

@@ -90,3 +90,4 @@ class MassiveNeutrinos(Species):
         s = self.s
         obs.add("optional", f"d_ncdm[{s}]", f"dA_ncdm{s} / A_ncdm{s}")
         obs.add("optional", f"t_ncdm[{s}]", f"rpt_ncdm{s} / (A_ncdm{s} + Pa_ncdm{s})")
+        obs.add("optional", f"s_ncdm[{s}]", f"shr_ncdm{s} / (A_ncdm{s} + Pa_ncdm{s})")

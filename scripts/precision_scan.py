@@ -1,0 +1,87 @@
+"""P(k) and the perturbation solve's cost under precision variants, side by side in one process.
+
+    python scripts/precision_scan.py --config lcdm --variants "" ur_fluid_k_tau=30 \
+        "ur_fluid_k_tau=30+ncdm_fluid_k_tau=100" --reference tests/data/class_lcdm_pk.csv
+
+Each variant is ``name=value`` settings of the precision block joined by ``+`` ("" = the config
+as it is). Per variant: the warm solve time (median of ``--repeats`` runs after a first, compiling
+one), the accepted steps (total, slowest mode), the size of each neutrino-fluid phase
+(docs/perturbations.md), and max |P/P_first - 1| against the first variant and, with
+``--reference``, against a CLASS P(k) file (tests/data layout) at z = 0, printed every few k.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+import yaml
+from scipy.interpolate import CubicSpline
+
+from boltzmann import pipeline
+from boltzmann.output import read_pk_csv
+from boltzmann.params import load_config
+from boltzmann.schema import PRECISION_TABLE
+
+
+def _variant(spec: str) -> dict:
+    out = {}
+    for item in filter(None, spec.split("+")):
+        key, value = item.split("=")
+        if key not in PRECISION_TABLE:
+            raise SystemExit(f"unknown precision key {key!r}")
+        out[key] = int(value) if PRECISION_TABLE[key].kind == "int" else float(value)
+    return out
+
+
+def _config(name: str, settings: dict, k_per_decade: float):
+    data = yaml.safe_load(open(f"configs/{name}.yaml"))
+    data["precision"] = {**(data.get("precision") or {}), **settings}
+    data["output"] = {**data["output"], "z": [0.0], "k_per_decade": k_per_decade}
+    data["output"].pop("z_background", None)
+    return load_config(data)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default="lcdm")
+    ap.add_argument("--variants", nargs="+", default=[""])
+    ap.add_argument("--reference", help="CLASS P(k) file with a P_m_z0 column (tests/data)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--k-per-decade", type=float, default=10.0)
+    ap.add_argument("--backend", default="jax")
+    args = ap.parse_args(argv)
+    jax.config.update("jax_enable_x64", True)
+    ref = read_pk_csv(args.reference) if args.reference else None
+    first = None
+    for spec in args.variants:
+        cfg = _config(args.config, _variant(spec), args.k_per_decade)
+        pipeline.run(cfg, backend=args.backend)                        # compiles
+        solves, res = [], None
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            res = pipeline.run(cfg, backend=args.backend)
+            solves.append(res.transfers.timings["solve"])
+            _ = time.perf_counter() - t
+        tr = res.transfers
+        phases = {key: (v["modes"], v["state_size"]) for key, v in tr.solver_info.items()
+                  if key.endswith("_phase")}
+        k = np.asarray(res.spectra.k)[0]
+        pk = np.asarray(res.spectra.pk_m)[0, 0]
+        first = pk if first is None else first
+        print(f"[{spec or 'as is'}] solve {np.median(solves):.3f} s (median of {len(solves)}), "
+              f"n = {tr.solver_info['state_size']}, phases (modes, n) {phases}, steps "
+              f"{int(tr.n_accepted.sum())} / slowest {int(tr.n_accepted.max())}, "
+              f"failed {len(tr.failures())}; max |P_m/P_first - 1| {np.abs(pk / first - 1).max():.2e}")
+        if ref is not None:
+            k_ref, cols = ref
+            col = next(c for c in cols if c.startswith("P_m_z0_") or c == "P_m_z0")
+            want = np.exp(CubicSpline(np.log(k_ref), np.log(cols[col]))(np.log(k)))
+            rel = pk / want - 1
+            print(f"    vs {args.reference}: max {np.abs(rel).max():.2e};  k [1/Mpc]: rel  "
+                  + "  ".join(f"{a:.3g}: {b:+.1e}" for a, b in zip(k[::4], rel[::4])))
+
+
+if __name__ == "__main__":
+    main()
