@@ -64,14 +64,14 @@ from solver.backends.registry import resolve_backend
 from solver.persisted import PersistedProgram
 
 from . import derived as derived_mod
-from . import distances, modes
+from . import distances, fluid_phases, modes
 from .gradients_ahead import AheadOfCall, parallel_solves, solve_device, solve_sharding
 from .params import ConfigError, CosmoParams
 from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
                             solve_modes, solve_modes_with_tangents, transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
-from .tables import DERIVED, host_cpu, tables_one
+from .tables import DERIVED, compute_tables, host_cpu, tables_one
 from .thermodynamics import compute_thermodynamics
 from .theta import PARAMETERS, ParameterMap, available_parameters
 from .theta import one as _one
@@ -178,6 +178,9 @@ class PowerSpectrumFunction(AheadOfCall):
         rows0 = modes.mode_rows(self.model, _one(cosmo), self.k_solve[None], self.grid)
         self.x0, _ = modes.initial_states(self.model, rows0, prec.k_tau_ini, prec.omega_tau_ini)
         modes.check_start_times(self.x0, self.grid, self.x_save, prec)
+        #: the neutrino-fluid switches (boltzmann.fluid_phases), held fixed at the fiducial
+        #: cosmology's times like the start times; empty unless a precision key asks for them
+        self._phases = self._fluid_plan(cosmo, rows0, prec)
         order = np.argsort(self.k_solve)
         if n_chunks is None:
             n_chunks = N_CHUNKS_JACOBIAN_JAX if resolve_backend(backend).name == "jax" else 1
@@ -187,7 +190,8 @@ class PowerSpectrumFunction(AheadOfCall):
         #: the Jacobian's solve program's index arguments (None: the chunks as they are, a
         #: non-JAX backend): one group per solve run at the same time (``_solve_groups``)
         self._chunk_groups = (chunk_groups(self._chunks, parallel_solves())
-                              if resolve_backend(backend).name == "jax" else None)
+                              if resolve_backend(backend).name == "jax" and not self._phases
+                              else None)
         self.theta0 = self._map.theta0
         self._jit_value = jax.jit(self._evaluate)
         # the same value as two programs, θ → inputs (placed on the host CPU) and inputs → outputs
@@ -216,6 +220,17 @@ class PowerSpectrumFunction(AheadOfCall):
         self._jit_inputs_jvp = self._persisted(self._inputs_and_tangents, "inputs")
         self._jit_solve_jvp = self._persisted(self._solve_and_tangents, "solve")
         self._jit_outputs_jvp = self._persisted(self._outputs_and_tangents, "outputs")
+
+    def _fluid_plan(self, cosmo, rows0, prec) -> list:
+        """``fluid_phases.plan`` of the solve's modes at the fiducial cosmology's tables (computed
+        here only when ``ur_fluid_k_tau`` or ``ncdm_fluid_k_tau`` is set)."""
+        if float(prec.ur_fluid_k_tau) <= 0.0 and float(prec.ncdm_fluid_k_tau) <= 0.0:
+            return []
+        table = compute_tables(_one(cosmo), self.grid, self.model).model_table
+        rows0 = np.asarray(rows0)
+        return fluid_phases.plan(self.model, table, self.grid,
+                                 rows0[:, self.model.param_index("k")],
+                                 rows0[:, self.model.param_index("cosmo_row")], prec, self.x_save)
 
     def _persisted(self, method, stage: str) -> PersistedProgram:
         """``jax.jit(method)``, persisted under a key of everything the constructor was given
@@ -273,7 +288,7 @@ class PowerSpectrumFunction(AheadOfCall):
                            atol=self.atol, chunks=self._chunks, backend=self.backend,
                            sensitivity_error_control=self.sensitivity_error_control,
                            max_steps=self.MAX_STEPS,
-                           weights=self.weights)
+                           weights=self.weights, phases=self._phases)
 
     def _stage_outputs(self, theta, ys, rows, table, background):
         """The outputs from θ, the solved states and the background outputs."""
@@ -325,7 +340,7 @@ class PowerSpectrumFunction(AheadOfCall):
             table, rows, y0, dtable, drows, dy0, self.x0, self.z, self.model, rtol=self.rtol,
             atol=self.atol, chunks=self._chunks if index is None else index, backend=self.backend,
             sensitivity_error_control=self.sensitivity_error_control, max_steps=self.MAX_STEPS,
-            weights=self.weights)
+            weights=self.weights, phases=self._phases)
 
     def _outputs_and_tangents(self, theta, ys, rows, table, background, dys, drows, dtable,
                               dbackground):

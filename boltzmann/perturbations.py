@@ -22,9 +22,7 @@ from solver import describe, solve, solve_diff, solve_with_tangents
 from solver.backends.registry import resolve_backend
 from solver.caches import Cache
 
-from models.fluid_switch import fluid_state_map
-
-from . import modes
+from . import fluid_phases, modes
 from .progress import null_progress
 
 __all__ = ["Transfers", "compute_perturbations", "differentiable_transfers", "mode_inputs",
@@ -161,34 +159,10 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
                      timings=timings)
 
 
-def _fluid_phases(model, tables, rows, precision, x_save) -> list[tuple[str, np.ndarray]]:
-    """The neutrino-fluid switches of every mode, in the order they happen: [(form, x (N,))],
-    the model's form after the switch (models.eb.FLUID_FORMS) and each mode's switch time
-    (``modes.switch_times`` at the precision's ``ur_fluid_k_tau``/``ncdm_fluid_k_tau``), +inf
-    where the mode does not switch: a mode switches only before its first save time (a mode
-    that would switch later is a low-k mode, cheap in the full model). Empty when both keys are
-    0 or the model has no massive species for ``ncdm``."""
-    triggers = [(float(precision.ur_fluid_k_tau), "ur")]
-    if model.ncdm:
-        triggers.append((float(precision.ncdm_fluid_k_tau), "ncdm"))
-    triggers = sorted((kt, sp) for kt, sp in triggers if kt > 0.0)
-    if not triggers:
-        return []
-    rows_h = np.asarray(jax.device_get(rows))
-    k, row = rows_h[:, model.param_index("k")], rows_h[:, model.param_index("cosmo_row")]
-    phases, replaced = [], []
-    for k_tau in sorted({kt for kt, _ in triggers}):        # equal triggers: one switch
-        replaced += [sp for kt, sp in triggers if kt == k_tau]
-        x = modes.switch_times(model, tables.model_table, tables.grid, k, row.astype(int), k_tau)
-        phases.append(("+".join(sorted(replaced, key=("ur", "ncdm").index)),
-                       np.where(x < x_save[0], x, np.inf)))
-    return phases
-
-
 def _solve_phases(model, y0, x0, x_save, rows, tables, precision, weights, backend, max_steps):
     """(observables {name: (N, S)}, status, accepted, rejected, backend name, launch info) of N
     modes, each solved in the full model up to its first neutrino-fluid switch and in the
-    fluid forms after (``_fluid_phases``): one launch per model, of the modes still running.
+    fluid forms after (``fluid_phases.plan``): one launch per model, of the modes still running.
     A mode's observables are its last model's; its steps are summed over the phases."""
     N = np.shape(y0)[0]
     status, n_acc, n_rej = np.zeros(N, int), np.zeros(N, int), np.zeros(N, int)
@@ -196,15 +170,18 @@ def _solve_phases(model, y0, x0, x_save, rows, tables, precision, weights, backe
     active = np.arange(N)                  # the modes of this phase, into all N
     y, x_start, current = np.asarray(y0), np.asarray(x0), model
     rows = jnp.asarray(rows)
-    phases = _fluid_phases(model, tables, rows, precision, x_save) + [("", None)]
+    rows_h = np.asarray(jax.device_get(rows))
+    phases = fluid_phases.plan(model, tables.model_table, tables.grid,
+                               rows_h[:, model.param_index("k")],
+                               rows_h[:, model.param_index("cosmo_row")], precision, x_save)
+    phases = phases + [("", None)]
     for form, x_next in phases:
         x_sw = np.full(active.size, np.inf) if x_next is None else x_next[active]
         switching = np.isfinite(x_sw)
         # every mode to its last save time, or to its switch time (saved there, S times over,
         # for one (N, S) save array)
         t_save = np.where(switching[:, None], x_sw[:, None], x_save[None, :])
-        w = weights if current is model else modes.error_weights(
-            current, precision.baryon_error_weight)
+        w = weights if current is model else fluid_phases.phase_weights(current, model, weights)
         ys, st, acc, rej, used, launch = _solve_in_chunks(
             current, y, x_start, t_save, rows[active], tables, precision, w, backend, max_steps)
         status[active] = np.where(status[active] != 0, status[active], st)
@@ -227,9 +204,8 @@ def _solve_phases(model, y0, x0, x_save, rows, tables, precision, weights, backe
             break
         sw = np.nonzero(switching)[0]
         nxt = modes.fluid_form(model, form)
-        y = np.asarray(fluid_state_map(current, nxt)(
-            jnp.asarray(ys)[sw, -1], jnp.asarray(x_sw[sw]), rows[active[sw]],
-            tables.model_table))
+        y = np.asarray(fluid_phases.to_next(current, nxt, jnp.asarray(ys)[sw, -1], x_sw[sw],
+                                            rows[active[sw]], tables.model_table))
         x_start, active, current = x_sw[sw], active[sw], nxt
     return obs, status, n_acc, n_rej, used, info
 
@@ -336,44 +312,102 @@ def _start_times(x0, idx):
     return x0[idx] if isinstance(idx, np.ndarray) else jnp.asarray(x0)[idx]
 
 
+def _save_times(t_save, idx):
+    """The chunk's save times: shared (1-d) as they are, per mode (N, S) indexed."""
+    return t_save if np.ndim(t_save) == 1 else _start_times(t_save, idx)
+
+
 def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="jax",
                 sensitivity_error_control: bool | float = True, max_steps: int = MAX_STEPS,
-                weights=None):
+                weights=None, phases=()):
     """States (C·K, n_save, n) of every mode at ``modes.save_times(z)``, traceable and
     differentiable in (table, rows, y0) through ``solver.solve_diff``; ``chunks``: index arrays
     into the modes, each solved by one call (``_run_chunks``); ``weights``: the solver's error
-    weights (None: ``modes.error_weights(model)``)."""
+    weights (None: ``modes.error_weights(model)``); ``phases``: the neutrino-fluid switches
+    (``fluid_phases.plan``, concrete ``chunks`` then), the states of modes that end in a fluid
+    form written in ``model``'s layout (``fluid_phases.to_full``)."""
     x_save, x0, weights = _solve_settings(z, x0, model, weights)
 
-    def solve_chunk(idx):
-        return solve_diff(model.rhs, y0[idx], x_save, rows[idx], args=table,
-                          t0=_start_times(x0, idx), rtol=rtol, atol=atol, error_weights=weights,
-                          max_steps=int(max_steps), backend=backend,
-                          sensitivity_error_control=sensitivity_error_control)
+    def solve_phase(rhs, y_start, t_save, p, x_start, w, chunks_p, *_):
+        def solve_chunk(idx):
+            return solve_diff(rhs, y_start[idx], _save_times(t_save, idx), p[idx], args=table,
+                              t0=_start_times(x_start, idx), rtol=rtol, atol=atol,
+                              error_weights=w, max_steps=int(max_steps), backend=backend,
+                              sensitivity_error_control=sensitivity_error_control)
+        return _run_chunks(solve_chunk, chunks_p, backend, y_start.shape[0]), None
 
-    return _run_chunks(solve_chunk, chunks, backend, y0.shape[0])
+    if not phases:
+        return solve_phase(model.rhs, y0, x_save, rows, x0, weights, chunks)[0]
+    return _phased(solve_phase, model, phases, y0, None, x0, x_save, rows, None, table, None,
+                   chunks, weights)[0]
 
 
 def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model, *, rtol, atol,
                               chunks, backend="jax", sensitivity_error_control: bool | float = True,
-                              max_steps: int = MAX_STEPS, weights=None):
+                              max_steps: int = MAX_STEPS, weights=None, phases=()):
     """(states (C·K, n_save, n), their tangents (m, C·K, n_save, n)) along m input tangents
     (leading axis m on dtable, drows, dy0): ``solve_modes``'s derivative by
     ``solver.solve_with_tangents``, whose values come from the joint solve itself (on the JAX
     backend one integration loop per chunk in the program, on the CUDA backend one
-    sensitivity-kernel launch; no plain solve beside it)."""
+    sensitivity-kernel launch; no plain solve beside it); ``phases`` as ``solve_modes``'s."""
     x_save, x0, weights = _solve_settings(z, x0, model, weights)
 
-    def solve_chunk(idx):
-        ys, dys = solve_with_tangents(
-            model.rhs, y0[idx], x_save, rows[idx], dy0=dy0[:, idx], dparams=drows[:, idx],
-            dargs=dtable, args=table, t0=_start_times(x0, idx), rtol=rtol, atol=atol,
-            error_weights=weights, max_steps=int(max_steps), backend=backend,
-            sensitivity_error_control=sensitivity_error_control)
-        return ys, jnp.moveaxis(dys, 0, 1)                       # the chunk's modes first
+    def solve_phase(rhs, y_start, t_save, p, x_start, w, chunks_p, dy_start, dp):
+        def solve_chunk(idx):
+            ys, dys = solve_with_tangents(
+                rhs, y_start[idx], _save_times(t_save, idx), p[idx], dy0=dy_start[:, idx],
+                dparams=dp[:, idx], dargs=dtable, args=table, t0=_start_times(x_start, idx),
+                rtol=rtol, atol=atol, error_weights=w, max_steps=int(max_steps),
+                backend=backend, sensitivity_error_control=sensitivity_error_control)
+            return ys, jnp.moveaxis(dys, 0, 1)                   # the chunk's modes first
+        ys, dys = _run_chunks(solve_chunk, chunks_p, backend, y_start.shape[0])
+        return ys, jnp.moveaxis(dys, 1, 0)
 
-    ys, dys = _run_chunks(solve_chunk, chunks, backend, y0.shape[0])
-    return ys, jnp.moveaxis(dys, 1, 0)
+    if not phases:
+        return solve_phase(model.rhs, y0, x_save, rows, x0, weights, chunks, dy0, drows)
+    return _phased(solve_phase, model, phases, y0, dy0, x0, x_save, rows, drows, table, dtable,
+                   chunks, weights)
+
+
+def _phased(solve_phase, model, phases, y0, dy0, x0, x_save, rows, drows, table, dtable, chunks,
+            weights):
+    """``solve_phase`` over the neutrino-fluid phases (``fluid_phases``): each phase solves the
+    modes still running in its form of the model, to their next switch or to the end; (states,
+    tangents or None) in ``model``'s layout, tangents when ``dy0`` is given."""
+    N, S = y0.shape[0], x_save.size
+    tangents = dy0 is not None
+    ys_out = jnp.zeros((N, S, model.n), jnp.result_type(y0))
+    dys_out = jnp.zeros((dy0.shape[0], N, S, model.n), ys_out.dtype) if tangents else None
+    current, active = model, np.arange(N)
+    y, dy, x_start, p, dp = y0, dy0, np.asarray(x0), rows, drows
+    for form, x_next in [*phases, ("", None)]:
+        x_sw = np.full(active.size, np.inf) if x_next is None else np.asarray(x_next)[active]
+        switching = np.isfinite(x_sw)
+        t_save = np.where(switching[:, None], x_sw[:, None], x_save[None, :])
+        w = weights if current is model else fluid_phases.phase_weights(current, model, weights)
+        ys, dys = solve_phase(current.rhs, y, t_save, p, x_start, w,
+                              fluid_phases.phase_chunks(chunks, active, N), dy, dp)
+        done = np.nonzero(~switching)[0]
+        if done.size:
+            yd, dyd = ys[done], (dys[:, done] if tangents else None)
+            if current is not model:
+                lifted = fluid_phases.to_full(current, model, yd, x_save, p[done], dyd,
+                                              dp[:, done] if tangents else None)
+                yd, dyd = lifted if tangents else (lifted, None)
+            ys_out = ys_out.at[active[done]].set(yd)
+            if tangents:
+                dys_out = dys_out.at[:, active[done]].set(dyd)
+        if not switching.any():
+            break
+        sw = np.nonzero(switching)[0]
+        nxt = modes.fluid_form(model, form)
+        moved = fluid_phases.to_next(current, nxt, ys[sw, -1], x_sw[sw], p[sw], table,
+                                     dys[:, sw, -1] if tangents else None,
+                                     dp[:, sw] if tangents else None, dtable)
+        y, dy = moved if tangents else (moved, None)
+        x_start, active, current = x_sw[sw], active[sw], nxt
+        p, dp = p[sw], (dp[:, sw] if tangents else None)
+    return ys_out, dys_out
 
 
 def transfers_of_states(ys, rows, table, k, z, model) -> dict:

@@ -90,11 +90,6 @@ def derivative_tables(config, result: Result, *, backend="auto", progress=null_p
         "seconds": float(tables["seconds"]),
         "stage_seconds": fn.last_stage_seconds,
     }
-    fluid_keys = [k for k in ("ur_fluid_k_tau", "ncdm_fluid_k_tau")
-                  if float(getattr(config.precision, k)) > 0.0]
-    if fluid_keys:   # docs/perturbations.md, "Neutrinos as fluids inside the horizon"
-        summary["note"] = (f"precision {', '.join(fluid_keys)} > 0 sets the value path's neutrino "
-                           "fluids only: these derivatives evolve the full hierarchies")
     if fn.last_kernel_helper is not None:   # the sensitivity kernel compiled beside the main job
         summary["kernel_helper"] = fn.last_kernel_helper
     # a CudaBackend's last tangents (its compile or cache-load seconds among them); a backend

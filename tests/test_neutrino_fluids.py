@@ -18,7 +18,7 @@ import pytest
 from boltzmann import pipeline
 from boltzmann.params import ConfigError, load_config
 from models.eb import NcdmQuadrature, build_eb_model
-from models.fluid_switch import fluid_state_map
+from models.fluid_switch import fluid_state_map, full_layout_map
 from models.tables import interpolate, pack_table, uniform_grid
 
 QUAD3 = NcdmQuadrature((0.9, 2.6, 5.1), (0.3, 0.5, 0.2), (-0.65, -2.4, -5.07))
@@ -87,6 +87,22 @@ def test_switch_keeps_every_metric_and_matter_observable(first, then):
             assert float(b[key]) == pytest.approx(float(a[key]), rel=1e-12, abs=1e-14), key
 
 
+@pytest.mark.parametrize("form", ["ur", "ncdm", "ur+ncdm"])
+def test_full_layout_keeps_every_observable(form):
+    full = build_eb_model(**ARGS)
+    fluid = build_eb_model(**ARGS, neutrino_fluid=form)
+    rng, tab, _, p = _setup(fluid, seed=9)
+    ys = rng.normal(size=(2, fluid.n))
+    xs = np.array([-1.4, 0.2])
+    lifted = np.asarray(full_layout_map(fluid, full)(jnp.asarray(ys), jnp.asarray(xs),
+                                                     jnp.asarray(np.tile(p, (2, 1)))))
+    for y, yl, x in zip(ys, lifted, xs):
+        a, b = fluid.observables(y, x, p, tab), full.observables(yl, x, p, tab)
+        assert set(a) == set(b)
+        for key in a:
+            assert float(b[key]) == pytest.approx(float(a[key]), rel=1e-12, abs=1e-14), key
+
+
 def test_switch_only_to_a_later_form():
     full = build_eb_model(**ARGS)
     ur = build_eb_model(**ARGS, neutrino_fluid="ur")
@@ -148,3 +164,40 @@ def test_negative_trigger_is_refused(key):
     data["precision"][key] = -5.0
     with pytest.raises(ConfigError, match=key):
         load_config(data)
+
+
+@pytest.mark.slow  # two Jacobian programs (a joint solve per phase) and the FD solves: minutes
+def test_fluid_derivatives_match_finite_differences():
+    """With both fluids on, ∂ln P_m/∂θ from the phased joint solve (the map and the layout
+    change differentiated along) against central differences of the same phased value function,
+    to 1e-3 of each parameter's largest |∂ln P/∂θ|; and against the full hierarchies' within the
+    approximation (the massless fluid alone moves ω_cdm's by ~1e-4 of its scale)."""
+    import dataclasses
+
+    from boltzmann.gradients import PowerSpectrumFunction
+
+    k = 0.6736 * np.array([0.05, 0.5])
+
+    def function(rtol, **prec):
+        cfg = load_config("lcdm_reduced")
+        p = dataclasses.replace(cfg.precision, rtol=rtol, l_max_ur=50, **prec)
+        return PowerSpectrumFunction(dataclasses.replace(cfg, precision=p),
+                                     parameters=("omega_cdm", "m_ncdm"), k=k, n_chunks=1,
+                                     with_sigma8=False)
+
+    fluids = dict(ur_fluid_k_tau=30.0, ncdm_fluid_k_tau=60.0)
+    fn = function(1e-7, **fluids)
+    assert [form for form, _ in fn._phases] == ["ur", "ur+ncdm"]
+    d = fn.dlnpk()["dlnP_m"][0]
+    f = function(1e-9, **fluids)._jit_value
+    theta0 = np.asarray(fn.theta0)
+    for j, step in enumerate((2e-3 * 0.12, 4e-3)):
+        lnp = {}
+        for s in (-1, 1):
+            th = theta0.copy()
+            th[j] += s * step
+            lnp[s] = np.log(np.asarray(f(th)["P_m"])[0])
+        fd = (lnp[1] - lnp[-1]) / (2 * step)
+        assert np.max(np.abs(d[:, j] - fd)) <= 1e-3 * np.max(np.abs(d[:, j])), fn.parameters[j]
+    full = function(1e-7).dlnpk()["dlnP_m"][0]
+    assert np.max(np.abs(d[:, 0] - full[:, 0])) <= 1e-3 * np.max(np.abs(full[:, 0]))
