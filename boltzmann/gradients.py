@@ -251,6 +251,11 @@ class PowerSpectrumFunction(AheadOfCall):
         return PersistedProgram(method, parts, name=f"gradients.{stage}")
 
     @property
+    def fluid_phases(self) -> list:
+        """The neutrino-fluid switches its solves run (``fluid_phases.plan``; empty: none)."""
+        return self._phases
+
+    @property
     def backend_name(self) -> str:
         """The backend the solves run on ("jax" or "cuda")."""
         return resolve_backend(self.backend).name

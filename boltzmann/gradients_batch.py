@@ -50,6 +50,10 @@ class PowerSpectrumBatch:
     """
 
     def __init__(self, fn, *, n_chunks: int | None = None):
+        if getattr(fn, "fluid_phases", None):
+            raise ValueError("PowerSpectrumBatch does not run the neutrino-fluid phases "
+                             "(docs/perturbations.md); build its function with precision "
+                             "ur_fluid_k_tau and ncdm_fluid_k_tau at 0")
         self.fn = fn
         self.parameters = fn.parameters
         self.last_stage_seconds = None   # the last call's wall seconds per stage

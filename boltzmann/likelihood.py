@@ -245,7 +245,10 @@ class PowerSpectrumModel:
         all B in ONE joint solve (``boltzmann.gradients_batch.PowerSpectrumBatch``), the
         primordial ones analytic per row."""
         thetas = np.asarray(thetas, np.float64)
-        if self.solve_parameters:
+        if self.solve_parameters and getattr(self.fn, "fluid_phases", None):
+            # the batched solve has no neutrino-fluid phases: one Jacobian per row instead
+            rows = [self(t) for t in thetas]
+        elif self.solve_parameters:
             if self._batch is None:
                 from .gradients_batch import PowerSpectrumBatch
                 self._batch = PowerSpectrumBatch(self.fn)

@@ -166,6 +166,25 @@ def test_negative_trigger_is_refused(key):
         load_config(data)
 
 
+def test_batched_jacobian_refuses_the_phases():
+    """The batched value-and-Jacobian has no phases: a clear error, not the full model's
+    derivatives under a config that asked for fluids (the likelihood's ``many`` then calls the
+    function row by row instead)."""
+    import dataclasses
+
+    from boltzmann.gradients import PowerSpectrumFunction
+    from boltzmann.gradients_batch import PowerSpectrumBatch
+
+    cfg = load_config("lcdm_reduced")
+    cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision,
+                                                                 ur_fluid_k_tau=10.0))
+    fn = PowerSpectrumFunction(cfg, parameters=("h",), k=np.array([0.3]), with_sigma8=False)
+    assert [form for form, _ in fn.fluid_phases] == ["ur"]
+    assert np.isfinite(fn.fluid_phases[0][1]).all()
+    with pytest.raises(ValueError, match="ur_fluid_k_tau and ncdm_fluid_k_tau at 0"):
+        PowerSpectrumBatch(fn)
+
+
 @pytest.mark.slow  # two Jacobian programs (a joint solve per phase) and the FD solves: minutes
 def test_fluid_derivatives_match_finite_differences():
     """With both fluids on, ∂ln P_m/∂θ from the phased joint solve (the map and the layout
@@ -187,7 +206,7 @@ def test_fluid_derivatives_match_finite_differences():
 
     fluids = dict(ur_fluid_k_tau=30.0, ncdm_fluid_k_tau=60.0)
     fn = function(1e-7, **fluids)
-    assert [form for form, _ in fn._phases] == ["ur", "ur+ncdm"]
+    assert [form for form, _ in fn.fluid_phases] == ["ur", "ur+ncdm"]
     d = fn.dlnpk()["dlnP_m"][0]
     f = function(1e-9, **fluids)._jit_value
     theta0 = np.asarray(fn.theta0)
