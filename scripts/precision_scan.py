@@ -8,6 +8,9 @@ as it is). Per variant: the warm solve time (median of ``--repeats`` runs after 
 one), the accepted steps (total, slowest mode), the size of each neutrino-fluid phase
 (docs/perturbations.md), and max |P/P_first - 1| against the first variant and, with
 ``--reference``, against a CLASS P(k) file (tests/data layout) at z = 0, printed every few k.
+With ``--jacobian``, also ``PowerSpectrumFunction(config).dlnpk()`` per variant (all parameters,
+the config's own k grid and redshifts): first and warm seconds, and the largest change of each
+parameter's ∂ln P_m/∂θ against the first variant's, over that parameter's largest |∂ln P_m/∂θ|.
 """
 from __future__ import annotations
 
@@ -51,10 +54,12 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--k-per-decade", type=float, default=10.0)
     ap.add_argument("--backend", default="jax")
+    ap.add_argument("--jacobian", action="store_true",
+                    help="also time PowerSpectrumFunction.dlnpk() and compare its derivatives")
     args = ap.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     ref = read_pk_csv(args.reference) if args.reference else None
-    first = None
+    first, first_d = None, None
     for spec in args.variants:
         cfg = _config(args.config, _variant(spec), args.k_per_decade)
         pipeline.run(cfg, backend=args.backend)                        # compiles
@@ -74,6 +79,10 @@ def main(argv=None):
               f"n = {tr.solver_info['state_size']}, phases (modes, n) {phases}, steps "
               f"{int(tr.n_accepted.sum())} / slowest {int(tr.n_accepted.max())}, "
               f"failed {len(tr.failures())}; max |P_m/P_first - 1| {np.abs(pk / first - 1).max():.2e}")
+        if args.jacobian:
+            d, line = _jacobian(args.config, _variant(spec), first_d)
+            first_d = d if first_d is None else first_d
+            print(line, flush=True)
         if ref is not None:
             k_ref, cols = ref
             col = next(c for c in cols if c.startswith("P_m_z0_") or c == "P_m_z0")
@@ -81,6 +90,26 @@ def main(argv=None):
             rel = pk / want - 1
             print(f"    vs {args.reference}: max {np.abs(rel).max():.2e};  k [1/Mpc]: rel  "
                   + "  ".join(f"{a:.3g}: {b:+.1e}" for a, b in zip(k[::4], rel[::4])))
+
+
+def _jacobian(config_name: str, settings: dict, first_d):
+    """(dlnP_m, printed line) of PowerSpectrumFunction(config with ``settings``).dlnpk()."""
+    from boltzmann.gradients import PowerSpectrumFunction
+    data = yaml.safe_load(open(f"configs/{config_name}.yaml"))
+    data["precision"] = {**(data.get("precision") or {}), **settings}
+    fn = PowerSpectrumFunction(load_config(data))
+    t = time.perf_counter()
+    fn.dlnpk()
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    d = np.asarray(fn.dlnpk()["dlnP_m"])
+    warm = time.perf_counter() - t
+    line = f"    dlnpk: first {first:.1f} s, warm {warm:.1f} s"
+    if first_d is not None:
+        change = np.max(np.abs(d - first_d), axis=(0, 1)) / np.max(np.abs(first_d), axis=(0, 1))
+        line += "; change / scale " + ", ".join(f"{n} {v:.1e}" for n, v in
+                                                 zip(fn.parameters, change))
+    return d, line
 
 
 if __name__ == "__main__":
