@@ -146,8 +146,9 @@ PRECISION_TABLE: dict[str, Key] = {
     "l_max_ncdm": Key("int", 24, Interval(4, 200), "-",
                       "massive neutrino hierarchy truncation per momentum node (12 leaves "
                       "P_cb 2.5e-3 high at 1 h/Mpc, 24 gives 5e-4)"),
-    "n_q_ncdm": Key("int", 5, Interval(1, 40), "-",
-                    "momentum nodes of the massive-neutrino hierarchy (8 changes P by < 3e-5)"),
+    "n_q_ncdm": Key("int", 4, Interval(1, 40), "-",
+                    "momentum nodes of the massive-neutrino hierarchy (5 changes P by < 1.5e-5 "
+                    "and dlnP/dm_ncdm by 6e-4 of its scale, 3 moves P by 4e-4)"),
     "ur_fluid_k_tau": Key("float", 0.0, Interval(0.0, 1.0e4), "-",
                           "k tau at which a P(k) mode's massless-neutrino hierarchy gives way to "
                           "fluid equations (docs/perturbations.md); 0 keeps it to the end; 30 "

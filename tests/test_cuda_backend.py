@@ -369,7 +369,7 @@ def test_cuda_max_steps_in_ensemble():
 # ----------------------------------------------------------------------------- GPU: EB with tables
 @pytest.fixture(scope="module")
 def eb_default():
-    """lcdm.yaml's default-precision model (n = 217 with the massive neutrino) and a table on
+    """lcdm.yaml's default-precision model (n = 192 with the massive neutrino) and a table on
     the default grid: the real background, the analytic thermodynamics stand-in (the Jacobian
     test checks Enzyme against JAX, not recombination)."""
     from boltzmann import ensemble, modes, tables

@@ -142,8 +142,8 @@ def test_depth_order_and_lane_tables(eb_small):
 
 
 def test_depth_order_shortens_the_default_model_solves():
-    """configs/lcdm.yaml's model (n = 217): 59 + 59 solve levels under AMD, 16 + 17 in depth
-    order, at 27 % more LU slots."""
+    """configs/lcdm.yaml's model (n = 192): 57 + 57 solve levels under AMD, 15 + 15 in depth
+    order, at 28 % more LU slots."""
     from boltzmann import modes
     from boltzmann.params import load_config
 
