@@ -36,6 +36,33 @@ class NcdmQuadrature:
             raise ValueError("NcdmQuadrature: momentum nodes q must be > 0")
 
 
+def background_sums(e, L: Layout, s: int, quad: NcdmQuadrature) -> None:
+    """Emit species s's background from its quadrature: eps{s}_i = sqrt(q_i^2 + (a m/T)^2) and
+    its inverse per node, A_ncdm{s} = a^2 rho~ and Pa_ncdm{s} = a^2 p~ (MB95 eq. 55 without the
+    perturbation), nrm{s} = ncdm_norm_s / a^2."""
+    e(f"mT{s}", f"a * {L.p(f'ncdm_m_over_T_{s}')}")
+    e(f"mT2_{s}", f"mT{s} * mT{s}")
+    e(f"nrm{s}", f"{L.p(f'ncdm_norm_{s}')} * ia2")
+    rho, prs = [], []
+    for i, (q, w) in enumerate(zip(quad.q, quad.weights)):
+        e(f"eps{s}_{i}", f"M.sqrt({lit(q * q)} + mT2_{s})")
+        e(f"ieps{s}_{i}", f"1.0 / eps{s}_{i}")
+        rho.append(f"{lit(w)} * eps{s}_{i}")
+        prs.append(f"{lit(w * q * q / 3.0)} * ieps{s}_{i}")
+    e(f"A_ncdm{s}", f"nrm{s} * ({' + '.join(rho)})")
+    e(f"Pa_ncdm{s}", f"nrm{s} * ({' + '.join(prs)})")
+
+
+def einstein_terms(src: Sources, s: int, rho_plus_p: str) -> None:
+    """Species s's terms of the Einstein equations and matter totals (the emitted dA_ncdm{s},
+    rpt_ncdm{s}, shr_ncdm{s}), with ``rho_plus_p`` the background a^2 (rho~ + p~)."""
+    src.drho.append(f"dA_ncdm{s}")
+    src.rpt.append(f"rpt_ncdm{s}")
+    src.shear.append(f"shr_ncdm{s}")
+    src.matter.append((f"A_ncdm{s}", f"dA_ncdm{s}", False))
+    src.rho_plus_p.append(rho_plus_p)
+
+
 class MassiveNeutrinos(Species):
     """Species number ``s`` with quadrature ``quad`` and multipoles 0..l_max on every node.
 
@@ -51,28 +78,16 @@ class MassiveNeutrinos(Species):
     def moments(self, e, L: Layout, src: Sources):
         s, sp, Y = self.s, self.quad, L.y
         e.comment(f"ncdm species {s}: MB95 eq. 55 on {len(sp.q)} momentum nodes")
-        e(f"mT{s}", f"a * {L.p(f'ncdm_m_over_T_{s}')}")
-        e(f"mT2_{s}", f"mT{s} * mT{s}")
-        e(f"nrm{s}", f"{L.p(f'ncdm_norm_{s}')} * ia2")
-        rho, prs, drho, rpt, shr = [], [], [], [], []
+        background_sums(e, L, s, sp)
+        drho, rpt, shr = [], [], []
         for i, (q, w) in enumerate(zip(sp.q, sp.weights)):
-            e(f"eps{s}_{i}", f"M.sqrt({lit(q * q)} + mT2_{s})")
-            e(f"ieps{s}_{i}", f"1.0 / eps{s}_{i}")
-            rho.append(f"{lit(w)} * eps{s}_{i}")
-            prs.append(f"{lit(w * q * q / 3.0)} * ieps{s}_{i}")
             drho.append(f"{lit(w)} * eps{s}_{i} * {Y(f'Psi_{s}_q{i}_l0')}")
             rpt.append(f"{lit(w * q)} * {Y(f'Psi_{s}_q{i}_l1')}")
             shr.append(f"{lit(w * q * q)} * ieps{s}_{i} * {Y(f'Psi_{s}_q{i}_l2')}")
-        e(f"A_ncdm{s}", f"nrm{s} * ({' + '.join(rho)})")
-        e(f"Pa_ncdm{s}", f"nrm{s} * ({' + '.join(prs)})")
         e(f"dA_ncdm{s}", f"nrm{s} * ({' + '.join(drho)})")
         e(f"rpt_ncdm{s}", f"nrm{s} * k * ({' + '.join(rpt)})")
         e(f"shr_ncdm{s}", f"nrm{s} * 0.6666666666666666 * ({' + '.join(shr)})")
-        src.drho.append(f"dA_ncdm{s}")
-        src.rpt.append(f"rpt_ncdm{s}")
-        src.shear.append(f"shr_ncdm{s}")
-        src.matter.append((f"A_ncdm{s}", f"dA_ncdm{s}", False))
-        src.rho_plus_p.append(f"A_ncdm{s} + Pa_ncdm{s}")
+        einstein_terms(src, s, f"A_ncdm{s} + Pa_ncdm{s}")
 
     def equations(self, e, L: Layout, d: Derivatives):
         s, Y = self.s, L.y

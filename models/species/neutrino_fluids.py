@@ -30,7 +30,7 @@ from __future__ import annotations
 from ..codegen import lit
 from .base import Derivatives, Layout, Observables, Sources, Species
 from .hierarchy import radiation_density, radiation_moments
-from .massive_neutrinos import NcdmQuadrature
+from .massive_neutrinos import NcdmQuadrature, background_sums, einstein_terms
 
 
 class MasslessNeutrinoFluid(Species):
@@ -76,30 +76,17 @@ class MassiveNeutrinoFluid(Species):
         s, sp = self.s, self.quad
         dl, th, sg = (L.y(n) for n in self.states)
         e.comment(f"ncdm species {s} as a fluid: background sums on {len(sp.q)} momentum nodes")
-        e(f"mT{s}", f"a * {L.p(f'ncdm_m_over_T_{s}')}")
-        e(f"mT2_{s}", f"mT{s} * mT{s}")
-        e(f"nrm{s}", f"{L.p(f'ncdm_norm_{s}')} * ia2")
-        rho, prs, pseudo = [], [], []
-        for i, (q, w) in enumerate(zip(sp.q, sp.weights)):
-            e(f"eps{s}_{i}", f"M.sqrt({lit(q * q)} + mT2_{s})")
-            e(f"ieps{s}_{i}", f"1.0 / eps{s}_{i}")
-            rho.append(f"{lit(w)} * eps{s}_{i}")
-            prs.append(f"{lit(w * q * q / 3.0)} * ieps{s}_{i}")
-            pseudo.append(f"{lit(w * q ** 4 / 3.0)} * ieps{s}_{i} * ieps{s}_{i} * ieps{s}_{i}")
-        e(f"A_ncdm{s}", f"nrm{s} * ({' + '.join(rho)})")
-        e(f"Pa_ncdm{s}", f"nrm{s} * ({' + '.join(prs)})")
+        background_sums(e, L, s, sp)
+        pseudo = " + ".join(f"{lit(w * q ** 4 / 3.0)} * ieps{s}_{i} * ieps{s}_{i} * ieps{s}_{i}"
+                            for i, (q, w) in enumerate(zip(sp.q, sp.weights)))
         e(f"w_ncdm{s}", f"Pa_ncdm{s} / A_ncdm{s}")
-        e(f"pp_ncdm{s}", f"({' + '.join(pseudo)}) / ({' + '.join(prs)})")   # pseudo-p / p
+        e(f"pp_ncdm{s}", f"nrm{s} * ({pseudo}) / Pa_ncdm{s}")     # pseudo-pressure / p
         e(f"ca2_ncdm{s}", f"w_ncdm{s} * (5.0 - pp_ncdm{s}) / (3.0 * (1.0 + w_ncdm{s}))")
         e(f"rp_ncdm{s}", f"A_ncdm{s} + Pa_ncdm{s}")
         e(f"dA_ncdm{s}", f"A_ncdm{s} * {dl}")
         e(f"rpt_ncdm{s}", f"rp_ncdm{s} * {th}")
         e(f"shr_ncdm{s}", f"rp_ncdm{s} * {sg}")
-        src.drho.append(f"dA_ncdm{s}")
-        src.rpt.append(f"rpt_ncdm{s}")
-        src.shear.append(f"shr_ncdm{s}")
-        src.matter.append((f"A_ncdm{s}", f"dA_ncdm{s}", False))
-        src.rho_plus_p.append(f"rp_ncdm{s}")
+        einstein_terms(src, s, f"rp_ncdm{s}")
 
     def equations(self, e, L: Layout, d: Derivatives):
         s = self.s
