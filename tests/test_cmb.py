@@ -207,10 +207,9 @@ def test_windowed_transfers_are_the_whole_ones_on_each_window():
 
 
 def test_multipoles_per_iteration_do_not_change_the_transfers(monkeypatch):
-    """The line of sight's loops may take several multipoles per iteration (on an accelerator,
-    where an iteration's launches cost more than its arithmetic): Δ^T, Δ^E, Δ^φ are the same
-    for any batch, uneven ones included; ``multipole_batch`` is 1 on a CPU and, on an
-    accelerator, what ``BATCH_BYTES`` holds (at most ``MAX_BATCH``, at least 1)."""
+    """The line of sight's loops may take several multipoles per iteration when asked: Δ^T, Δ^E,
+    Δ^φ are the same for any batch, uneven ones included; ``multipole_batch``, the default, is 1
+    on every backend (on an H200 a batch of 8 doubled the line of sight's time)."""
     from boltzmann.cmb import line_of_sight as los
 
     src = _gaussian_sources(np.linspace(0.01, 0.2, 12))
@@ -229,10 +228,8 @@ def test_multipoles_per_iteration_do_not_change_the_transfers(monkeypatch):
                                        np.asarray(getattr(one, name)), rtol=1e-13, atol=1e-300)
     assert los.multipole_batch(4900, 1074) == 1                 # this CPU
     monkeypatch.setattr(los.jax, "default_backend", lambda: "gpu")
-    assert los.multipole_batch(4900, 1074) == los.BATCH_BYTES // (4900 * 1074 * 8 * 6)
-    assert los.multipole_batch(4900, 1074, copies=3) < los.multipole_batch(4900, 1074)
-    assert los.multipole_batch(10, 10) == los.MAX_BATCH
-    assert los.multipole_batch(10 ** 6, 10 ** 4) == 1
+    assert los.multipole_batch(4900, 1074) == 1
+    assert los.multipole_batch(10, 10, copies=3) == 1
 
 
 def test_transfer_window_bounds():

@@ -31,32 +31,20 @@ import numpy as np
 from . import bessel
 from .sampling import ClSampling, TransferWindow, spline_matrix
 
-__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch",
-           "BATCH_BYTES"]
-
-#: on an accelerator, the working set of one ``lax.map`` iteration of the line of sight: the
-#: multipoles per iteration are as many as fit (``multipole_batch``)
-BATCH_BYTES = 2 * 1024 ** 3
-#: the (k, τ) arrays of one multipole alive at once in an iteration (the Bessel values and the
-#: two integrands; an estimate, generous rather than tight)
-_ARRAYS_PER_MULTIPOLE = 6
-#: at most this many multipoles per iteration
-MAX_BATCH = 16
-
+__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch"]
 
 def multipole_batch(width: int, n_tau: int, copies: int = 1) -> int:
-    """Multipoles per iteration of the line of sight's loops: 1 on a CPU; on an accelerator as
-    many as ``BATCH_BYTES`` holds for a (``width``, ``n_tau``) slab per multipole and
-    ``copies`` copies of it (a jvp's tangents), at most ``MAX_BATCH``.
+    """Multipoles per iteration of the line of sight's loops when the caller gives none: 1 on
+    every backend (``width``, ``n_tau``, ``copies``: the slab one multipole works on, kept for
+    callers that size a batch by it).
 
-    Why: on a CPU one multipole's slab already keeps the cores busy, and a larger batch only
-    costs memory. On a GPU an iteration is a few dozen kernel launches whatever its size: the
-    line of sight took 0.21 s on an H200 for 251 multipoles, no faster with windows half the
-    width of the whole grid (docs/benchmarks.md), so there it is the iterations that cost."""
-    if jax.default_backend() == "cpu":
-        return 1
-    per = int(width) * int(n_tau) * 8 * _ARRAYS_PER_MULTIPOLE * max(1, int(copies))
-    return int(max(1, min(MAX_BATCH, BATCH_BYTES // max(per, 1))))
+    Why not more on a GPU: several multipoles per ``lax.map`` iteration was meant to spend fewer
+    kernel launches, but on an H200 (configs/planck_cl.yaml, 251 multipoles) eight per iteration
+    took the line of sight from 0.29 s to 0.59 s warm (docs/benchmarks.md, "H200, 2026-12-06"):
+    the iterations' arithmetic, not their launches, bounds it there. An explicit ``batch`` still
+    takes several (the transfers are the same for any batch)."""
+    del width, n_tau, copies
+    return 1
 
 
 @dataclass(frozen=True)
