@@ -40,7 +40,7 @@ def multipole_batch(width: int, n_tau: int, copies: int = 1) -> int:
 
     Why not more on a GPU: several multipoles per ``lax.map`` iteration was meant to spend fewer
     kernel launches, but on an H200 (configs/planck_cl.yaml, 251 multipoles) eight per iteration
-    took the line of sight from 0.29 s to 0.59 s warm (docs/benchmarks.md, "H200, 2026-12-06"):
+    took the line of sight from 0.29 s to 0.59 s warm (docs/benchmarks.md, the H200 CMB rows):
     the iterations' arithmetic, not their launches, bounds it there. An explicit ``batch`` still
     takes several (the transfers are the same for any batch)."""
     del width, n_tau, copies
