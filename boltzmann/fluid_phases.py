@@ -80,10 +80,9 @@ def to_full(form_model, model, ys, x_save, rows, dys=None, drows=None):
     N, S = ys.shape[:2]
     fn = full_layout_map(form_model, model)
     x = jnp.tile(jnp.asarray(x_save), N)
-    rows_s = jnp.repeat(rows, S, axis=0)
 
     def lift(yy, rr):
         return fn(yy.reshape(N * S, -1), x, jnp.repeat(rr, S, axis=0)).reshape(N, S, -1)
     if dys is None:
-        return fn(ys.reshape(N * S, -1), x, rows_s).reshape(N, S, -1)
+        return lift(ys, rows)
     return lift(ys, rows), jax.vmap(lambda a, b: jax.jvp(lift, (ys, rows), (a, b))[1])(dys, drows)

@@ -141,49 +141,14 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     t0 = time.perf_counter()
     N = C * K
     progress("perturbations", 0, N)
-    obs, status, n_acc, n_rej, used, info = _solve_phases(
-        model, y0, x0, x_save, rows, tables, precision, weights, backend, max_steps)
-    progress("perturbations", N, N)
-    timings["solve"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(N)
-    # one transfer of every observable, then host-side reordering (no device op per field)
-    obs = jax.device_get(obs)
-    fields = {name: _czk(np.asarray(v), C, K, z_cols, inverse) for name, v in obs.items()}
-    timings["observables"] = time.perf_counter() - t0
-    return Transfers(k=k, z=zs, k_h=None if k_h is None else np.asarray(k_h, np.float64), fields=fields,
-                     status=status[inverse].reshape(C, K), n_accepted=n_acc[inverse].reshape(C, K),
-                     n_rejected=n_rej[inverse].reshape(C, K), backend=used, solver_info=info,
-                     timings=timings)
-
-
-def _solve_phases(model, y0, x0, x_save, rows, tables, precision, weights, backend, max_steps):
-    """(observables {name: (N, S)}, status, accepted, rejected, backend name, launch info) of N
-    modes, each solved in the full model up to its first neutrino-fluid switch and in the
-    fluid forms after (``fluid_phases.plan``): one launch per model, of the modes still running.
-    A mode's observables are its last model's; its steps are summed over the phases."""
-    N = np.shape(y0)[0]
     status, n_acc, n_rej = np.zeros(N, int), np.zeros(N, int), np.zeros(N, int)
-    obs, info, used = None, {"state_size": int(model.n)}, None
-    active = np.arange(N)                  # the modes of this phase, into all N
-    y, x_start, current = np.asarray(y0), np.asarray(x0), model
-    rows = jnp.asarray(rows)
-    rows_h = np.asarray(jax.device_get(rows))
-    phases = fluid_phases.plan(model, tables.model_table, tables.grid,
-                               rows_h[:, model.param_index("k")],
-                               rows_h[:, model.param_index("cosmo_row")], precision, x_save)
-    phases = phases + [("", None)]
-    for form, x_next in phases:
-        x_sw = np.full(active.size, np.inf) if x_next is None else x_next[active]
-        switching = np.isfinite(x_sw)
-        # every mode to its last save time, or to its switch time (saved there, S times over,
-        # for one (N, S) save array)
-        t_save = np.where(switching[:, None], x_sw[:, None], x_save[None, :])
-        w = weights if current is model else fluid_phases.phase_weights(current, model, weights)
+    info = {"state_size": int(model.n)}
+    used = None
+
+    def solve_phase(current, active, y_start, t_save, p, x_start, w, *_):
+        nonlocal used
         ys, st, acc, rej, used, launch = _solve_in_chunks(
-            current, y, x_start, t_save, rows[active], tables, precision, w, backend, max_steps)
+            current, y_start, x_start, t_save, p, tables, precision, w, backend, max_steps)
         status[active] = np.where(status[active] != 0, status[active], st)
         n_acc[active] += acc
         n_rej[active] += rej
@@ -193,21 +158,26 @@ def _solve_phases(model, y0, x0, x_save, rows, tables, precision, weights, backe
             info[f"{current.neutrino_fluid}_phase"] = {
                 "modes": int(active.size), "state_size": int(current.n),
                 **{key: v for key, v in launch.items() if isinstance(v, (int, float, str))}}
-        done = np.nonzero(~switching)[0]
-        if done.size:
-            o = observables(current, jnp.asarray(ys)[done], x_save, rows[active[done]],
-                            tables.model_table)
-            obs = ({key: jnp.zeros((N, x_save.size), v.dtype) for key, v in o.items()}
-                   if obs is None else obs)
-            obs = {key: obs[key].at[active[done]].set(o[key]) for key in obs}
-        if not switching.any():
-            break
-        sw = np.nonzero(switching)[0]
-        nxt = modes.fluid_form(model, form)
-        y = np.asarray(fluid_phases.to_next(current, nxt, jnp.asarray(ys)[sw, -1], x_sw[sw],
-                                            rows[active[sw]], tables.model_table))
-        x_start, active, current = x_sw[sw], active[sw], nxt
-    return obs, status, n_acc, n_rej, used, info
+        return ys, None
+
+    phases = fluid_phases.plan(model, tables.model_table, grid, rows[:, model.param_index("k")],
+                               rows[:, model.param_index("cosmo_row")], precision, x_save)
+    ys, _ = _phased(solve_phase, model, phases, y0, None, x0, x_save, jnp.asarray(rows), None,
+                    tables.model_table, None, [np.arange(N)], weights)
+    progress("perturbations", N, N)
+    timings["solve"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(N)
+    # one transfer of every observable, then host-side reordering (no device op per field)
+    obs = jax.device_get(observables(model, ys, x_save, rows, tables.model_table))
+    fields = {name: _czk(np.asarray(v), C, K, z_cols, inverse) for name, v in obs.items()}
+    timings["observables"] = time.perf_counter() - t0
+    return Transfers(k=k, z=zs, k_h=None if k_h is None else np.asarray(k_h, np.float64), fields=fields,
+                     status=status[inverse].reshape(C, K), n_accepted=n_acc[inverse].reshape(C, K),
+                     n_rejected=n_rej[inverse].reshape(C, K), backend=used, solver_info=info,
+                     timings=timings)
 
 
 def _solve_in_chunks(model, y0, x0, t_save, rows, tables, precision, weights, backend, max_steps):
@@ -328,16 +298,16 @@ def solve_modes(table, rows, y0, x0, z, model, *, rtol, atol, chunks, backend="j
     form written in ``model``'s layout (``fluid_phases.to_full``)."""
     x_save, x0, weights = _solve_settings(z, x0, model, weights)
 
-    def solve_phase(rhs, y_start, t_save, p, x_start, w, chunks_p, *_):
+    def solve_phase(current, _active, y_start, t_save, p, x_start, w, chunks_p, *_):
         def solve_chunk(idx):
-            return solve_diff(rhs, y_start[idx], _save_times(t_save, idx), p[idx], args=table,
+            return solve_diff(current.rhs, y_start[idx], _save_times(t_save, idx), p[idx], args=table,
                               t0=_start_times(x_start, idx), rtol=rtol, atol=atol,
                               error_weights=w, max_steps=int(max_steps), backend=backend,
                               sensitivity_error_control=sensitivity_error_control)
         return _run_chunks(solve_chunk, chunks_p, backend, y_start.shape[0]), None
 
     if not phases:
-        return solve_phase(model.rhs, y0, x_save, rows, x0, weights, chunks)[0]
+        return solve_phase(model, None, y0, x_save, rows, x0, weights, chunks)[0]
     return _phased(solve_phase, model, phases, y0, None, x0, x_save, rows, None, table, None,
                    chunks, weights)[0]
 
@@ -352,10 +322,10 @@ def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model,
     sensitivity-kernel launch; no plain solve beside it); ``phases`` as ``solve_modes``'s."""
     x_save, x0, weights = _solve_settings(z, x0, model, weights)
 
-    def solve_phase(rhs, y_start, t_save, p, x_start, w, chunks_p, dy_start, dp):
+    def solve_phase(current, _active, y_start, t_save, p, x_start, w, chunks_p, dy_start, dp):
         def solve_chunk(idx):
             ys, dys = solve_with_tangents(
-                rhs, y_start[idx], _save_times(t_save, idx), p[idx], dy0=dy_start[:, idx],
+                current.rhs, y_start[idx], _save_times(t_save, idx), p[idx], dy0=dy_start[:, idx],
                 dparams=dp[:, idx], dargs=dtable, args=table, t0=_start_times(x_start, idx),
                 rtol=rtol, atol=atol, error_weights=w, max_steps=int(max_steps),
                 backend=backend, sensitivity_error_control=sensitivity_error_control)
@@ -364,7 +334,7 @@ def solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, x0, z, model,
         return ys, jnp.moveaxis(dys, 1, 0)
 
     if not phases:
-        return solve_phase(model.rhs, y0, x_save, rows, x0, weights, chunks, dy0, drows)
+        return solve_phase(model, None, y0, x_save, rows, x0, weights, chunks, dy0, drows)
     return _phased(solve_phase, model, phases, y0, dy0, x0, x_save, rows, drows, table, dtable,
                    chunks, weights)
 
@@ -373,7 +343,12 @@ def _phased(solve_phase, model, phases, y0, dy0, x0, x_save, rows, drows, table,
             weights):
     """``solve_phase`` over the neutrino-fluid phases (``fluid_phases``): each phase solves the
     modes still running in its form of the model, to their next switch or to the end; (states,
-    tangents or None) in ``model``'s layout, tangents when ``dy0`` is given."""
+    tangents or None) in ``model``'s layout, tangents when ``dy0`` is given.
+
+    ``solve_phase(form model, active (the phase's modes, into all N), y, t_save (n_active, S),
+    rows, x_start, error weights, chunks (positions in active), dy, drows) -> (ys, dys)``: the
+    main job's runs its own launches and records their statistics, the differentiable ones
+    solve ``chunks`` as given."""
     N, S = y0.shape[0], x_save.size
     tangents = dy0 is not None
     ys_out = jnp.zeros((N, S, model.n), jnp.result_type(y0))
@@ -383,10 +358,15 @@ def _phased(solve_phase, model, phases, y0, dy0, x0, x_save, rows, drows, table,
     for form, x_next in [*phases, ("", None)]:
         x_sw = np.full(active.size, np.inf) if x_next is None else np.asarray(x_next)[active]
         switching = np.isfinite(x_sw)
-        t_save = np.where(switching[:, None], x_sw[:, None], x_save[None, :])
+        # every mode to its last save time, or to its switch time (saved there, S times over,
+        # for one (n_active, S) save array); shared save times when no mode switches
+        t_save = (np.where(switching[:, None], x_sw[:, None], x_save[None, :])
+                  if switching.any() else x_save)
         w = weights if current is model else fluid_phases.phase_weights(current, model, weights)
-        ys, dys = solve_phase(current.rhs, y, t_save, p, x_start, w,
+        ys, dys = solve_phase(current, active, y, t_save, p, x_start, w,
                               fluid_phases.phase_chunks(chunks, active, N), dy, dp)
+        if current is model and not switching.any():
+            return ys, dys                     # no mode switches: the full model's states
         done = np.nonzero(~switching)[0]
         if done.size:
             yd, dyd = ys[done], (dys[:, done] if tangents else None)

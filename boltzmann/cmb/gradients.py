@@ -76,8 +76,7 @@ class ClFunction:
     ``cl_for_config``), ``sampling`` (ClSampling), ``backend`` ("jax", "cuda", "auto"),
     ``direction_block``: tangent directions per pass of the line of sight (memory against
     passes), ``sensitivity_error_control`` (as for P(k), docs/gradients.md), ``los_batch``:
-    multipoles per iteration of the line of sight (None: ``line_of_sight.multipole_batch``
-    for a slab and the direction block's tangents).
+    multipoles per iteration of the line of sight (None: ``line_of_sight.multipole_batch``).
     """
 
     def __init__(self, config, *, parameters: Sequence[str] | None = None, l_max=None,
@@ -190,7 +189,7 @@ class ClFunction:
         tr = transfer_functions(src, self.ells, self.k_transfer, table, l_late=L_LATE,
                                 l_limber=self.l_limber, window=self.window,
                                 spline_degree=self.sampling.k_spline_degree,
-                                batch=self.los_batch, copies=1 + self.direction_block)
+                                batch=self.los_batch)
         sampled = sampled_spectra(tr, src, prim["A_s"], prim["n_s"], prim["k_pivot"],
                                   T_cmb=prim["T_cmb"], l_limber=self.l_limber,
                                   with_pp=self.with_pp, tau_fid=plan.tau_fid,

@@ -124,13 +124,11 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
                        late_cut_tau: float | None = None, l_limber: int = 100,
                        window: TransferWindow | None = None,
                        spline_degree: int = ClSampling.k_spline_degree,
-                       batch: int | None = None,
-                       copies: int = 1) -> Transfers:
+                       batch: int | None = None) -> Transfers:
     """Δ_ℓ^T, Δ_ℓ^E (and Δ_ℓ^φ for ℓ ≤ l_limber) of the sources ``src`` (a SourceGrid), each
     multipole over its ``window`` of the k grid (sampling.transfer_window; None: all of it);
     the sources reach the k grid by the spline of ``spline_degree`` in ln k. ``batch``:
-    multipoles per loop iteration (None: ``multipole_batch`` for ``copies`` copies of a
-    multipole's slab, e.g. 1 + the directions of an enclosing vmapped jvp)."""
+    multipoles per loop iteration (None: ``multipole_batch``)."""
     ells = np.asarray(ells)
     if not np.array_equal(np.asarray(table.ells), ells):
         raise ValueError("transfer_functions: the Bessel table must hold exactly ``ells``")
@@ -155,7 +153,7 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
     early = np.nonzero(ells > l_late)[0]
 
     def per_iteration(width, n_tau):
-        return batch if batch is not None else multipole_batch(width, n_tau, copies)
+        return batch if batch is not None else multipole_batch(width, n_tau)
 
     if late.size:
         group = _grouped(late, window, k.size)

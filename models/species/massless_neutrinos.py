@@ -21,10 +21,15 @@ class MasslessNeutrinos(Species):
         radiation_moments(e, L, src, "ur")
 
     def equations(self, e, L: Layout, d: Derivatives):
-        d.set("F_ur_0", f"-k * {L.y('F_ur_1')} - 0.6666666666666666 * h_prime")
-        for l in range(1, self.l_max + 1):
-            metric = f" + {METRIC_QUADRUPOLE}" if l == 2 else ""
-            d.set(f"F_ur_{l}", stream(L, "F_ur_", l, self.l_max) + metric)
+        for l in range(self.l_max + 1):
+            d.set(f"F_ur_{l}", self.moment_equation(L, l))
+
+    def moment_equation(self, L: Layout, l: int) -> str:
+        """d/dtau of F_l: free streaming (MB95 eq. 51 closure at l_max) and the metric terms."""
+        if l == 0:
+            return f"-k * {L.y('F_ur_1')} - 0.6666666666666666 * h_prime"
+        metric = f" + {METRIC_QUADRUPOLE}" if l == 2 else ""
+        return stream(L, "F_ur_", l, self.l_max) + metric
 
     def observables(self, L: Layout, obs: Observables):
         obs.add("density", "d_ur", L.y("F_ur_0"))

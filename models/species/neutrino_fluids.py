@@ -29,34 +29,23 @@ from __future__ import annotations
 
 from ..codegen import lit
 from .base import Derivatives, Layout, Observables, Sources, Species
-from .hierarchy import radiation_density, radiation_moments
+from .massless_neutrinos import MasslessNeutrinos
 from .massive_neutrinos import NcdmQuadrature, background_sums, einstein_terms
 
 
-class MasslessNeutrinoFluid(Species):
-    """The massless neutrinos' F_0, F_1, F_2 with the fluid closure of the shear."""
+class MasslessNeutrinoFluid(MasslessNeutrinos):
+    """The massless neutrinos' F_0, F_1, F_2 with the fluid closure of the shear: the hierarchy
+    emitter cut at l = 2 (its states, densities, Einstein terms and observables), but for F_2's
+    equation."""
 
-    free_streaming = "massless neutrinos"
-    params = ("rho_ur0",)
-    states = ("F_ur_0", "F_ur_1", "F_ur_2")
-    radiation = states
+    def __init__(self):
+        super().__init__(2)
 
-    def densities(self, e, L: Layout):
-        radiation_density(e, L, "ur")
-
-    def moments(self, e, L: Layout, src: Sources):
-        radiation_moments(e, L, src, "ur")
-
-    def equations(self, e, L: Layout, d: Derivatives):
-        Y = L.y
-        d.set("F_ur_0", f"-k * {Y('F_ur_1')} - 0.6666666666666666 * h_prime")
-        d.set("F_ur_1", f"k * 0.3333333333333333 * ({Y('F_ur_0')} - 2.0 * {Y('F_ur_2')})")
-        d.set("F_ur_2", f"-3.0 * itau * {Y('F_ur_2')} + k * {Y('F_ur_1')}"
-                        " + 0.6666666666666666 * h_prime")
-
-    def observables(self, L: Layout, obs: Observables):
-        obs.add("density", "d_ur", L.y("F_ur_0"))
-        obs.add("velocity", "t_ur", "theta_ur")
+    def moment_equation(self, L: Layout, l: int) -> str:
+        if l < 2:
+            return super().moment_equation(L, l)
+        return (f"-3.0 * itau * {L.y('F_ur_2')} + k * {L.y('F_ur_1')}"
+                " + 0.6666666666666666 * h_prime")
 
 
 def fluid_state_names(s: int) -> tuple[str, str, str]:
