@@ -117,7 +117,7 @@ def derived_from_thermodynamics(cosmo, grid, sigma8=None, sigma8_cb=None) -> dic
     of θ_s, r_d, ... with respect to the parameters."""
     from .thermodynamics import compute_thermodynamics
 
-    th = compute_thermodynamics(cosmo, lna_grid=grid.nodes)
+    th = compute_thermodynamics(cosmo, lna_grid=grid.nodes, ode_stride=grid.thermo_stride)
     return derived_parameters(cosmo, {"z_rec": th.z_rec, "z_star": th.z_star,
                                       "z_drag": th.z_drag, "z_reio": th.z_reio},
                               sigma8, sigma8_cb)

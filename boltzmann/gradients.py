@@ -380,7 +380,8 @@ class PowerSpectrumFunction(AheadOfCall):
         cosmo = self.cosmology(theta)
         if not self.derived:    # the distances need no thermodynamics
             return self._background(cosmo, {})
-        th = compute_thermodynamics(cosmo, lna_grid=self.grid.nodes)
+        th = compute_thermodynamics(cosmo, lna_grid=self.grid.nodes,
+                                    ode_stride=self.grid.thermo_stride)
         return self._background(cosmo, {name: jnp.reshape(getattr(th, name), (1,))
                                         for name in DERIVED})
 

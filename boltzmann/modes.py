@@ -55,11 +55,18 @@ _INITIAL_STATE_FNS = Cache("boltzmann.initial_states", maxsize=16)
 
 @dataclass(frozen=True)
 class Grid:
-    """The uniform ln a grid every table is sampled on: nodes x_min + dx·i, i < n."""
+    """The uniform ln a grid every table is sampled on: nodes x_min + dx·i, i < n.
+
+    thermo_stride: grid cells per Radau step of the recombination equations below z = 3000
+    (``boltzmann.thermodynamics``; the nodes between step ends are Hermite-interpolated). It
+    belongs to the grid because the tables computed on it depend on it, so every cache keyed by
+    the grid tells the strides apart.
+    """
 
     x_min: float
     dx: float
     n: int
+    thermo_stride: int = 1
 
     @property
     def nodes(self) -> np.ndarray:
@@ -67,10 +74,11 @@ class Grid:
 
 
 def make_grid(precision) -> Grid:
-    """The table grid of a precision: ``bg_n_lna`` nodes from ln ``bg_a_min`` to X_MAX."""
+    """The table grid of a precision: ``bg_n_lna`` nodes from ln ``bg_a_min`` to X_MAX, the
+    recombination equations stepped over ``thermo_ode_stride`` cells."""
     x_min = math.log(precision.bg_a_min)
     n = int(precision.bg_n_lna)
-    return Grid(x_min, (X_MAX - x_min) / (n - 1), n)
+    return Grid(x_min, (X_MAX - x_min) / (n - 1), n, int(precision.thermo_ode_stride))
 
 
 def model_for(cosmo, precision, *, de_at_lambda: bool = False):

@@ -105,7 +105,8 @@ def model_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
 def tables_one(cosmo, grid: Grid, model, loops: LoopShape | None = None):
     """(model table (n_columns, 2, n_grid), {DERIVED name: scalar}) of one cosmology; traceable.
     ``loops``: the thermodynamics' loop shape (``boltzmann.thermodynamics.LoopShape``)."""
-    thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes, loops=loops)
+    thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes, loops=loops,
+                                    ode_stride=grid.thermo_stride)
     return model_table(cosmo, thermo, grid, model), {n: getattr(thermo, n) for n in DERIVED}
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from boltzmann import recombination as rec
 from boltzmann import reionization as reio
 from boltzmann.radau_path import affine_recurrence, radau_path
-from models.hermite import cumulative_hermite, hermite_interp, hermite_panels
+from models.hermite import cumulative_hermite, hermite, hermite_interp, hermite_panels
 
 #: quantities tabulated with a derivative column ``d<name>``
 TABULATED = ("x_e", "kappa_dot", "ln_kappa_dot", "T_b", "cs2", "exp_m_kappa", "visibility")
@@ -133,6 +133,31 @@ def default_grid(n_nodes: int = 4000, lna_min: float = math.log(1e-10) - 0.01, l
     return np.linspace(lna_min, lna_max, n_nodes)
 
 
+def ode_step_nodes(i_ode: int, n_nodes: int, stride: int, i_stride: int | None = None) -> np.ndarray:
+    """Indices of the grid nodes where pass A's Radau steps start and end, from ``i_ode`` to the
+    last node: a step per node up to ``i_stride`` (default ``i_ode``), then every ``stride``-th
+    node counted back from the last, so that only the step crossing ``i_stride`` may be shorter."""
+    if int(stride) < 1:
+        raise ValueError(f"ode_stride={stride}: must be an integer >= 1")
+    i_stride = i_ode if i_stride is None else max(int(i_stride), i_ode)
+    ends = np.arange(n_nodes - 1, i_stride, -int(stride))[::-1]
+    return np.concatenate([np.arange(i_ode, i_stride + 1), ends]).astype(np.int64)
+
+
+def _fill_nodes(lna_np, step_nodes, ys, dys):
+    """(states, d/dlna) at every grid node from ``step_nodes[0]`` on: the cubic Hermite through
+    the step ends' states ``ys`` and derivatives ``dys``, and its derivative; a step end keeps its
+    own pair."""
+    fine = np.arange(step_nodes[0], len(lna_np))
+    cell = np.clip(np.searchsorted(step_nodes, fine, side="right") - 1, 0, len(step_nodes) - 2)
+    t0, t1 = lna_np[step_nodes[cell]], lna_np[step_nodes[cell + 1]]
+    width = jnp.asarray(t1 - t0)[:, None]
+    u = jnp.asarray((lna_np[fine] - t0) / (t1 - t0))[:, None]
+    ends = (ys[cell], dys[cell], ys[cell + 1], dys[cell + 1])
+    value, du = jax.jvp(lambda u_: hermite(u_, width, *ends), (u,), (jnp.ones_like(u),))
+    return value, du / width
+
+
 def thermodynamics_from_hubble(
     hubble_of_a: Callable,
     omega_b,
@@ -145,6 +170,8 @@ def thermodynamics_from_hubble(
     z_late: float = 50.0,
     settings: rec.RecombinationSettings = rec.RecombinationSettings(),
     loops: "LoopShape | None" = None,
+    ode_stride: int = 1,
+    z_stride_start: float = 3000.0,
 ) -> ThermoTable:
     """Compute the :class:`ThermoTable` for the expansion history ``hubble_of_a(a)`` [1/Mpc].
 
@@ -194,16 +221,28 @@ def thermodynamics_from_hubble(
 
     # H at every Radau stage time, for all steps at once: inside the sequential loop each
     # evaluation would be repeated at every Newton iteration
-    t_lo, t_hi = lna[i_ode:-1], lna[i_ode + 1:]
+    i_stride = int(np.searchsorted(lna_np, -math.log1p(z_stride_start)))
+    ode_nodes = ode_step_nodes(i_ode, len(lna_np), ode_stride, i_stride)
+    t_lo, t_hi = lna[ode_nodes[:-1]], lna[ode_nodes[1:]]
     c_stage = jnp.asarray(rec.RADAU_C)
     h_stage = [hubble_of_a(jnp.exp(t_lo + c_stage[i] * (t_hi - t_lo))) for i in range(2)]
 
     y_start = early_state(lna[i_ode])
-    ys_ode = radau_path(rhs_A_given_h, t_lo, t_hi, y_start, h_stage, p, loops)
+    ys_steps = jnp.concatenate([y_start[None], radau_path(rhs_A_given_h, t_lo, t_hi, y_start,
+                                                          h_stage, p, loops)])
+    stepped = len(ode_nodes) == len(lna_np) - i_ode        # a step ends at every node
+    if stepped:
+        ys_ode = ys_steps
+        dys_ode = jax.vmap(rhs_A)(lna[i_ode:], ys_ode)
+    else:
+        # between step ends, the cubic Hermite through the ends' states and their exact
+        # derivatives (the rhs there), and the Hermite's own derivative: the stiff rhs at an
+        # interpolated state would amplify the interpolation error by the rates (up to ~1e8 H)
+        dys_steps = jax.vmap(rhs_A)(lna[ode_nodes], ys_steps)
+        ys_ode, dys_ode = _fill_nodes(lna_np, ode_nodes, ys_steps, dys_steps)
     ys_early = jax.vmap(early_state)(lna[:i_ode])
-    ys_A = jnp.concatenate([ys_early, y_start[None], ys_ode])
+    ys_A = jnp.concatenate([ys_early, ys_ode])
     dys_early = jax.vmap(lambda t: jax.jvp(early_state, (t,), (jnp.ones_like(t),))[1])(lna[:i_ode])
-    dys_ode = jax.vmap(rhs_A)(lna[i_ode:], ys_A[i_ode:])
     dys_A = jnp.concatenate([dys_early, dys_ode])
 
     # recombination-only x_e and its derivative at the nodes
@@ -234,7 +273,11 @@ def thermodynamics_from_hubble(
     # linear in theta: theta_{n+1} = alpha_n theta_n + beta_n. So every step's (alpha, beta) is
     # computed at once and the recurrence is an associative scan of affine maps — log2(steps)
     # vectorised levels instead of a sequential loop (on a GPU, a kernel launch per step).
-    tb_lo, tb_hi = lna[i_late:-1], lna[i_late + 1:]
+    # with steps over several nodes, pass B starts where pass A does: the temperature's rhs is as
+    # stiff as the rates (K ~ 1e5 at z = 4000), so its tabulated derivative must come from a
+    # solution at every node, not from an interpolated state
+    i_b = i_late if stepped else i_ode
+    tb_lo, tb_hi = lna[i_b:-1], lna[i_b + 1:]
     hh = tb_hi - tb_lo
     K0, K1 = (jax.vmap(compton_total)(tb_lo + c[i] * hh) for i in range(2))
     # stages: Theta = theta 1 + hh A (K - (1 + K) Theta); theta_{n+1} = Theta_1 (stiffly accurate)
@@ -244,8 +287,8 @@ def thermodynamics_from_hubble(
     alpha = (m00 - m10) / det
     beta = (m00 * hh * (A[1, 0] * K0 + A[1, 1] * K1) - m10 * hh * (A[0, 0] * K0 + A[0, 1] * K1)) / det
 
-    th_late = affine_recurrence(alpha, beta, ys_A[i_late, 2])
-    theta = jnp.concatenate([ys_A[: i_late + 1, 2], th_late])
+    th_late = affine_recurrence(alpha, beta, ys_A[i_b, 2])
+    theta = jnp.concatenate([ys_A[: i_b + 1, 2], th_late])
 
     # ---- node values and their exact d/dlna
     T_to_cs2 = rec.K_B_SI / (rec.M_H_SI * rec.C_SI**2)

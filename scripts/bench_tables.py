@@ -11,6 +11,11 @@ largest relative difference of the model table from the first shape's.
 
     python scripts/bench_tables.py --cosmologies 1 128 256 --out DIR        # default device
     python scripts/bench_tables.py --device cpu --cosmologies 1 16          # host CPU
+    python scripts/bench_tables.py --device cpu --cosmologies 1 --shapes n0u1i --strides 1,2
+
+``--strides`` sets the table cells per Radau step of the recombination equations
+(``precision.thermo_ode_stride``); the first row of each cosmology count is the reference of
+the max-rel-diff column.
 
 A shape is ``rolled`` (Newton iterations in a loop, the small systems through LAPACK), or
 ``n<N>u<U>`` with an optional ``i``: Newton unrolled when N is 1, scan unroll U, and with ``i``
@@ -20,6 +25,7 @@ accelerator's ``n1u1i``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -66,6 +72,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chunk", type=int, default=None,
                     help="most cosmologies per tables program (default: boltzmann.tables.TABLE_CHUNK)")
+    ap.add_argument("--strides", default=None,
+                    help="comma-separated table cells per recombination step "
+                         "(precision.thermo_ode_stride; default: the config's)")
     ap.add_argument("--out", default=None, help="folder for tables.json")
     args = ap.parse_args(argv)
     configure()
@@ -73,6 +82,8 @@ def main(argv=None) -> int:
     model = modes.model_for(cfg.cosmology, cfg.precision)
     grid = modes.make_grid(cfg.precision)
     shapes = [(s, parse_shape(s)) for s in args.shapes.split(",")]
+    strides = ([grid.thermo_stride] if args.strides is None
+               else [int(v) for v in args.strides.split(",")])
     on_host = args.device == "cpu"
     rows = []
     chunk = {} if args.chunk is None else {"chunk": args.chunk}
@@ -81,7 +92,8 @@ def main(argv=None) -> int:
     for C in args.cosmologies:
         cosmos = stack_cosmologies(fiducial_ensemble(C, cfg))
         ref = None
-        for name, shape in shapes:
+        for stride, (name, shape) in ((st, sh) for st in strides for sh in shapes):
+            grid = dataclasses.replace(grid, thermo_stride=stride)
             t0 = time.perf_counter()
             tab = compute_tables(cosmos, grid, model, on_host=on_host, loops=shape, **chunk)
             first = time.perf_counter() - t0
@@ -95,11 +107,11 @@ def main(argv=None) -> int:
                 ref, diff = table, 0.0
             else:
                 diff = float(np.max(np.abs(table - ref) / np.maximum(np.abs(ref), 1e-300)))
-            row = {"cosmologies": C, "shape": name, "first_s": first,
+            row = {"cosmologies": C, "shape": name, "thermo_stride": stride, "first_s": first,
                    "warm_s": statistics.median(times), "max_rel_diff": diff, "chunk": args.chunk,
                    "device": tab.device, "finite": bool(np.isfinite(table).all())}
             rows.append(row)
-            print(f"C={C:5d} {name:7s} first {first:7.2f} s  warm {row['warm_s'] * 1e3:8.1f} ms "
+            print(f"C={C:5d} {name:7s} stride {stride} first {first:7.2f} s  warm {row['warm_s'] * 1e3:8.1f} ms "
                   f" ({row['warm_s'] / C * 1e3:7.2f} ms/cosmology)  max rel diff {diff:.1e}  "
                   f"on {tab.device}", flush=True)
     if args.out:

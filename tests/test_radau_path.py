@@ -4,6 +4,7 @@ thermodynamics table's derivatives in the cosmological parameters against finite
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from boltzmann import recombination as rec
 from boltzmann.radau_path import affine_recurrence, radau_path
@@ -83,14 +84,16 @@ def test_radau_path_tangents_match_forward_mode_through_the_loop():
     assert np.allclose(g, g_ref, rtol=1e-8, atol=0)
 
 
-def test_thermodynamics_tangents_match_finite_differences():
+@pytest.mark.parametrize("stride", [1, 2])
+def test_thermodynamics_tangents_match_finite_differences(stride):
     """The tables' x_e, T_b and kappa' derivatives in omega_b and Y_He (through the linearised
-    recombination tangents) against central differences, from recombination to reionisation."""
+    recombination tangents) against central differences, from recombination to reionisation,
+    with a Radau step per node and over two nodes (the interpolated nodes between)."""
     H0 = 67.0 / 299792.458
 
     def table(x):
         hub = lambda a: H0 * jnp.sqrt(0.31 / a**3 + 9e-5 / a**4 + 0.69)  # noqa: E731
-        t = thermodynamics_from_hubble(hub, x[0], x[1], 2.7255, 0.055)
+        t = thermodynamics_from_hubble(hub, x[0], x[1], 2.7255, 0.055, ode_stride=stride)
         return jnp.stack([t.x_e, t.T_b, t.kappa_dot])
 
     x = np.array([0.0224, 0.245])
