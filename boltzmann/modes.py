@@ -75,10 +75,13 @@ class Grid:
 
 def make_grid(precision) -> Grid:
     """The table grid of a precision: ``bg_n_lna`` nodes from ln ``bg_a_min`` to X_MAX, the
-    recombination equations stepped over ``thermo_ode_stride`` cells."""
+    recombination equations stepped over as many whole cells as fit in ``thermo_ode_step``
+    (at least one: a coarse grid keeps a step per cell)."""
     x_min = math.log(precision.bg_a_min)
     n = int(precision.bg_n_lna)
-    return Grid(x_min, (X_MAX - x_min) / (n - 1), n, int(precision.thermo_ode_stride))
+    dx = (X_MAX - x_min) / (n - 1)
+    stride = max(1, int(math.floor(float(precision.thermo_ode_step) / dx + 1e-9)))
+    return Grid(x_min, dx, n, stride)
 
 
 def model_for(cosmo, precision, *, de_at_lambda: bool = False):

@@ -166,9 +166,10 @@ PRECISION_TABLE: dict[str, Key] = {
                     "lower end of the background/thermodynamics ln(a) tables"),
     "bg_n_lna": Key("int", 4000, Interval(50, 10**6), "-",
                     "number of nodes of the background ln(a) table"),
-    "thermo_ode_stride": Key("int", 2, Interval(1, 8), "-",
-                             "table cells per Radau step of the recombination equations below "
-                             "z = 3000, the nodes between Hermite-interpolated (2: the tables "
-                             "in 0.6 of the time, C_l within 5e-5 and P within 2e-5 of 1; 3 "
-                             "moves C_l by 1.8e-4)"),
+    "thermo_ode_step": Key("float", 0.0116, Interval(1e-4, 0.05), "-",
+                           "largest ln a step of the recombination equations below z = 3000, "
+                           "as whole table cells (at least one), the nodes between "
+                           "Hermite-interpolated (0.0116: two cells of the default grid, the "
+                           "tables in 0.6 of the time, C_l within 5e-5 and P within 2e-5 of "
+                           "one cell; three cells move C_l by 1.8e-4)"),
 }

@@ -14,7 +14,7 @@ largest relative difference of the model table from the first shape's.
     python scripts/bench_tables.py --device cpu --cosmologies 1 --shapes n0u1i --strides 1,2
 
 ``--strides`` sets the table cells per Radau step of the recombination equations
-(``precision.thermo_ode_stride``); the first row of each cosmology count is the reference of
+(``modes.Grid.thermo_stride``, which ``precision.thermo_ode_step`` sets); the first row of each cosmology count is the reference of
 the max-rel-diff column.
 
 A shape is ``rolled`` (Newton iterations in a loop, the small systems through LAPACK), or
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
                     help="most cosmologies per tables program (default: boltzmann.tables.TABLE_CHUNK)")
     ap.add_argument("--strides", default=None,
                     help="comma-separated table cells per recombination step "
-                         "(precision.thermo_ode_stride; default: the config's)")
+                         "(Grid.thermo_stride; default: the config's thermo_ode_step)")
     ap.add_argument("--out", default=None, help="folder for tables.json")
     args = ap.parse_args(argv)
     configure()

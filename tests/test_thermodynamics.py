@@ -175,6 +175,18 @@ def test_ode_step_nodes():
         thermo.ode_step_nodes(10, 30, 0)
 
 
+def test_grid_takes_whole_cells_of_the_largest_step():
+    # precision.thermo_ode_step as whole cells of the table grid, at least one: two on the default
+    # grid, one on a coarse grid (whose cells exceed the step; two of them made the Newton
+    # iterations diverge), four on a grid twice as fine
+    from boltzmann import modes
+    from boltzmann.params import PrecisionSpec
+    assert modes.make_grid(PrecisionSpec()).thermo_stride == 2
+    assert modes.make_grid(PrecisionSpec(bg_n_lna=400)).thermo_stride == 1
+    assert modes.make_grid(PrecisionSpec(bg_n_lna=8000)).thermo_stride == 4
+    assert modes.make_grid(PrecisionSpec(thermo_ode_step=0.001)).thermo_stride == 1
+
+
 def test_steps_over_two_nodes_stay_close_to_a_step_per_node(table, table_stride2):
     """Two cells per Radau step below z = 3000 (the default precision): the measured changes
     (x_e 6.2e-6, visibility 2.3e-5 and its derivative 6.2e-5 of their peaks, z_rec 1.4e-3) with
