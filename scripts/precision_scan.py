@@ -11,6 +11,13 @@ one), the accepted steps (total, slowest mode), the size of each neutrino-fluid 
 With ``--jacobian``, also ``PowerSpectrumFunction(config).dlnpk()`` per variant (all parameters,
 the config's own k grid and redshifts): first and warm seconds, and the largest change of each
 parameter's ∂ln P_m/∂θ against the first variant's, over that parameter's largest |∂ln P_m/∂θ|.
+With ``--cl``, the unlensed C_ℓ of the config (an output block with ``cl``, e.g. planck_cl)
+instead of P(k): per variant the seconds of one ``cl_for_config`` and the largest change of each
+spectrum against the first variant's in the ℓ ranges of the accuracy targets
+(``boltzmann.cmb.convergence.max_changes``: TE over √(TT·EE)).
+
+    python scripts/precision_scan.py --config planck_cl --cl --variants "" \
+        thermo_ode_step=0.005 thermo_ode_step=0.0174
 """
 from __future__ import annotations
 
@@ -54,10 +61,14 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--k-per-decade", type=float, default=10.0)
     ap.add_argument("--backend", default="jax")
+    ap.add_argument("--cl", action="store_true",
+                    help="compare the unlensed C_l of the config instead of P(k)")
     ap.add_argument("--jacobian", action="store_true",
                     help="also time PowerSpectrumFunction.dlnpk() and compare its derivatives")
     args = ap.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
+    if args.cl:
+        return _cl_scan(args.config, args.variants, args.backend)
     ref = read_pk_csv(args.reference) if args.reference else None
     first, first_d = None, None
     for spec in args.variants:
@@ -90,6 +101,26 @@ def main(argv=None):
             rel = pk / want - 1
             print(f"    vs {args.reference}: max {np.abs(rel).max():.2e};  k [1/Mpc]: rel  "
                   + "  ".join(f"{a:.3g}: {b:+.1e}" for a, b in zip(k[::4], rel[::4])))
+
+
+def _cl_scan(config_name: str, variants, backend: str) -> None:
+    """The unlensed C_ℓ of each variant against the first (module docstring)."""
+    from boltzmann.cmb import cl_for_config
+    from boltzmann.cmb.convergence import RANGES, max_changes
+    first = None
+    for spec in variants:
+        data = yaml.safe_load(open(f"configs/{config_name}.yaml"))
+        data["precision"] = {**(data.get("precision") or {}), **_variant(spec)}
+        t = time.perf_counter()
+        cl = cl_for_config(load_config(data), lensing=False, backend=backend)
+        seconds = time.perf_counter() - t
+        first = cl if first is None else first
+        changes = max_changes(first, cl)
+        print(f"[{spec or 'as is'}] C_l in {seconds:.1f} s (first call, compiles included); max "
+              "change against the first variant, by l range "
+              + ", ".join(f"{lo}-{hi}" for lo, hi in RANGES) + ": "
+              + "; ".join(f"{name} " + " ".join(f"{v:.1e}" for v in row)
+                          for name, row in changes.items()), flush=True)
 
 
 def _jacobian(config_name: str, settings: dict, first_d):
