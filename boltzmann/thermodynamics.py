@@ -10,7 +10,8 @@ Numerical method (see docs/thermodynamics.md):
 1. z > z_ode_start (4000): hydrogen and He I in Saha equilibrium, He II/III Saha,
    T_b / T_gamma = K / (1 + K) (quasi-static Compton equilibrium, K = Compton rate / H).
 2. z_ode_start > z: the RECFAST rate equations (boltzmann.recombination) integrated node to node
-   by an L-stable 2-stage Radau IIA step (pass A, no reionisation).
+   by an L-stable 2-stage Radau IIA step (pass A, no reionisation); below z = 3000 a step may
+   span several nodes (``ode_stride``), the nodes between Hermite-interpolated.
 3. z_reio from tau_reio (boltzmann.reionization), using pass A's x_e below z_start.
 4. Below z = 50 the baryon temperature is re-integrated (pass B, a linear scalar ODE, exact
    2x2 Radau stage solve) with the reionised x_e in the Compton coupling.
@@ -178,7 +179,10 @@ def thermodynamics_from_hubble(
     ``lna_grid`` (a static numpy array, uniform, increasing) defaults to :func:`default_grid`.
     Parameters may be JAX tracers (jit/grad over omega_b, Y_He, T_cmb, tau_reio and anything
     ``hubble_of_a`` closes over). ``loops`` shapes the node-to-node loops for the device they
-    run on (:class:`LoopShape`; default: rolled, the CPU's best).
+    run on (:class:`LoopShape`; default: rolled, the CPU's best). ``ode_stride``: grid cells per
+    Radau step of pass A below ``z_stride_start`` (above it a step per cell: the start from Saha
+    leaves a transient there); the nodes between step ends are Hermite-interpolated, and pass B
+    then starts at z_ode_start (docs/thermodynamics.md, "Steps over several nodes").
     """
     loops = LoopShape() if loops is None else loops
     lna_np = default_grid() if lna_grid is None else np.asarray(lna_grid, dtype=np.float64)
