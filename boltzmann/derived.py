@@ -115,9 +115,9 @@ def derived_from_thermodynamics(cosmo, grid, sigma8=None, sigma8_cb=None) -> dic
     """``derived_parameters`` with the thermodynamic redshifts computed from ``cosmo`` on the
     tables' ln a ``grid`` (``boltzmann.modes.make_grid``): traceable end to end, for jax.grad
     of θ_s, r_d, ... with respect to the parameters."""
-    from .thermodynamics import compute_thermodynamics
+    from .tables import thermodynamics_on
 
-    th = compute_thermodynamics(cosmo, lna_grid=grid.nodes, ode_stride=grid.thermo_stride)
+    th = thermodynamics_on(cosmo, grid)
     return derived_parameters(cosmo, {"z_rec": th.z_rec, "z_star": th.z_star,
                                       "z_drag": th.z_drag, "z_reio": th.z_reio},
                               sigma8, sigma8_cb)

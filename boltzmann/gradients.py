@@ -71,8 +71,7 @@ from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
                             solve_modes, solve_modes_with_tangents, transfers_of_states)
 from .runtime import require_float64
 from .spectra import power_spectra
-from .tables import DERIVED, compute_tables, host_cpu, tables_one
-from .thermodynamics import compute_thermodynamics
+from .tables import DERIVED, compute_tables, host_cpu, tables_one, thermodynamics_on
 from .theta import PARAMETERS, ParameterMap, available_parameters
 from .theta import one as _one
 
@@ -380,8 +379,7 @@ class PowerSpectrumFunction(AheadOfCall):
         cosmo = self.cosmology(theta)
         if not self.derived:    # the distances need no thermodynamics
             return self._background(cosmo, {})
-        th = compute_thermodynamics(cosmo, lna_grid=self.grid.nodes,
-                                    ode_stride=self.grid.thermo_stride)
+        th = thermodynamics_on(cosmo, self.grid)
         return self._background(cosmo, {name: jnp.reshape(getattr(th, name), (1,))
                                         for name in DERIVED})
 

@@ -24,7 +24,7 @@ from . import background as bg
 from .modes import Grid
 from .thermodynamics import LoopShape, compute_thermodynamics
 
-__all__ = ["Tables", "compute_tables", "model_table", "tables_one", "host_cpu", "DERIVED",
+__all__ = ["Tables", "compute_tables", "model_table", "tables_one", "thermodynamics_on", "host_cpu", "DERIVED",
            "TABLE_CHUNK", "HOST_TABLES_MAX", "ACCELERATOR_LOOPS"]
 
 #: thermodynamic numbers reported with the tables (CLASS's definitions, boltzmann.thermodynamics)
@@ -102,11 +102,18 @@ def model_table(cosmo, thermo, grid: Grid, model) -> jnp.ndarray:
                       (cols[name] for name in model.table_columns)])
 
 
+def thermodynamics_on(cosmo, grid: Grid, loops: LoopShape | None = None):
+    """One cosmology's ThermoTable on ``grid``'s nodes, its recombination steps as the grid says
+    (``Grid.thermo_stride``): every caller that needs the tables' thermodynamics gets the same
+    ones. Traceable; ``loops`` as ``tables_one``'s."""
+    return compute_thermodynamics(cosmo, lna_grid=grid.nodes, loops=loops,
+                                  ode_stride=grid.thermo_stride)
+
+
 def tables_one(cosmo, grid: Grid, model, loops: LoopShape | None = None):
     """(model table (n_columns, 2, n_grid), {DERIVED name: scalar}) of one cosmology; traceable.
     ``loops``: the thermodynamics' loop shape (``boltzmann.thermodynamics.LoopShape``)."""
-    thermo = compute_thermodynamics(cosmo, lna_grid=grid.nodes, loops=loops,
-                                    ode_stride=grid.thermo_stride)
+    thermo = thermodynamics_on(cosmo, grid, loops)
     return model_table(cosmo, thermo, grid, model), {n: getattr(thermo, n) for n in DERIVED}
 
 

@@ -45,9 +45,15 @@ def _variant(spec: str) -> dict:
     return out
 
 
-def _config(name: str, settings: dict, k_per_decade: float):
+def _with_precision(name: str, settings: dict) -> dict:
+    """configs/<name>.yaml as a mapping, its precision block updated by ``settings``."""
     data = yaml.safe_load(open(f"configs/{name}.yaml"))
     data["precision"] = {**(data.get("precision") or {}), **settings}
+    return data
+
+
+def _config(name: str, settings: dict, k_per_decade: float):
+    data = _with_precision(name, settings)
     data["output"] = {**data["output"], "z": [0.0], "k_per_decade": k_per_decade}
     data["output"].pop("z_background", None)
     return load_config(data)
@@ -109,10 +115,9 @@ def _cl_scan(config_name: str, variants, backend: str) -> None:
     from boltzmann.cmb.convergence import RANGES, max_changes
     first = None
     for spec in variants:
-        data = yaml.safe_load(open(f"configs/{config_name}.yaml"))
-        data["precision"] = {**(data.get("precision") or {}), **_variant(spec)}
         t = time.perf_counter()
-        cl = cl_for_config(load_config(data), lensing=False, backend=backend)
+        cl = cl_for_config(load_config(_with_precision(config_name, _variant(spec))),
+                           lensing=False, backend=backend)
         seconds = time.perf_counter() - t
         first = cl if first is None else first
         changes = max_changes(first, cl)
@@ -126,9 +131,7 @@ def _cl_scan(config_name: str, variants, backend: str) -> None:
 def _jacobian(config_name: str, settings: dict, first_d):
     """(dlnP_m, printed line) of PowerSpectrumFunction(config with ``settings``).dlnpk()."""
     from boltzmann.gradients import PowerSpectrumFunction
-    data = yaml.safe_load(open(f"configs/{config_name}.yaml"))
-    data["precision"] = {**(data.get("precision") or {}), **settings}
-    fn = PowerSpectrumFunction(load_config(data))
+    fn = PowerSpectrumFunction(load_config(_with_precision(config_name, settings)))
     t = time.perf_counter()
     fn.dlnpk()
     first = time.perf_counter() - t
