@@ -6,6 +6,8 @@
 #              XLA:CPU's Eigen threads off
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
+#   first_run_1t   the main job's first and second process with that pool (the first half of
+#              hostpool_more)
 #   hostpool_more  what that pool would cost as the GPU default: the main job's first and second
 #              process and bench_gpu part d (the Jacobian, whose inputs run on the host) with it
 #   d          bench_gpu part d: the Jacobian ratio at sensitivity error weights (GRAD_SEC, default 1,0.1,0),
@@ -20,7 +22,8 @@
 # Python writes its bytecode under $JOB/pycache (the image sets PYTHONDONTWRITEBYTECODE, which
 # would make every process compile every module it imports, unlike an installed package).
 #   tests      the -m gpu tests named in GPU_TESTS (verbose, so a step cut short still names what
-#              passed; TESTS_LIMIT seconds, default 420)
+#              passed; TESTS_LIMIT seconds, default 420; groups separated by ';' run side by
+#              side, each to $JOB/tests<i>.txt)
 # Each step's output goes to $JOB/<step>.txt and its exit status to $JOB/log. Start it from the
 # repo root on the GPU machine, after '. /opt/dev-site/env.sh':  setsid bash scripts/gpu_session.sh &
 cd "$(dirname "$0")/.." || exit 1
@@ -58,11 +61,11 @@ for s in ${STEPS:-cb d first_run profile}; do
     hostpool)
         BOLTZMANN_HOST_THREADS=1 step hostpool 300 python scripts/bench_gpu.py --parts c \
             --backends cuda --budget 280 --row-limit 250 --out "$JOB/hostpool" ;;
-    hostpool_more)
+    first_run_1t|hostpool_more)
         rm -rf "$CACHE.1t"
         BOLTZMANN_HOST_THREADS=1 step first_run_1t 300 python scripts/bench_first_run.py \
             --backend cuda --cache-dir "$CACHE.1t" --out "$JOB/fr_1t"
-        BOLTZMANN_HOST_THREADS=1 step bench_d_1t 600 python scripts/bench_gpu.py --parts d \
+        [ "$s" = hostpool_more ] && BOLTZMANN_HOST_THREADS=1 step bench_d_1t 600 python scripts/bench_gpu.py --parts d \
             --backends cuda --budget 560 --row-limit 500 --grad-sec "${GRAD_SEC:-0.1}" \
             --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_1t" ;;
     cb)
@@ -92,8 +95,16 @@ for s in ${STEPS:-cb d first_run profile}; do
         python -X importtime scripts/transfer.py --config lcdm --backend cuda --cache-dir "$CACHE" \
             --out /tmp/prof_out --no-plot 2> "$JOB/importtime.txt" > /dev/null ;;
     tests)
-        step tests "${TESTS_LIMIT:-420}" python -m pytest -o addopts="" -m gpu -v -p no:cacheprovider \
-            ${GPU_TESTS:-tests/test_cuda_warp.py tests/test_cmb_gpu.py} ;;
+        # groups separated by ';' run as parallel pytest processes (the host has 16 cores; the
+        # tests mostly compile and run their JAX references there)
+        IFS=';' read -ra groups <<< "${GPU_TESTS:-tests/test_cuda_warp.py tests/test_cmb_gpu.py}"
+        i=0
+        for g in "${groups[@]}"; do
+            step tests$i "${TESTS_LIMIT:-420}" python -m pytest -o addopts="" -m gpu -v \
+                -p no:cacheprovider --durations=30 $g &
+            i=$((i + 1))
+        done
+        wait ;;
     esac
 done
 echo "=== ALL DONE $(date -u +%T)"
