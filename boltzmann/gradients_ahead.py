@@ -4,9 +4,9 @@ A one-shot process (the CLI's ``--gradients``) computes the main job first and t
 after it. A later process spends much of the Jacobian's wait loading programs an earlier one
 stored, which need not wait for the main job:
 
-* ``preload`` loads the stored solve program in a background thread while the main job runs.
-  What is not stored is not compiled there (a first run): on a CPU-only machine that would add
-  the compile's gigabytes to the process's peak. Nor is the inputs stage computed ahead on a
+* ``preload`` loads the stored inputs and solve programs in background threads while the main
+  job runs. What is not stored is not compiled there (a first run): on a CPU-only machine that
+  would add the compile's gigabytes to the process's peak. Nor is the inputs stage computed ahead on a
   GPU machine's host: in a second process with it, the main job's host tables took 8.7 s and
   its perturbation stage 8.7 s (NVIDIA H100), against about 1 s each in earlier second
   processes without it (docs/benchmarks.md), more than the Jacobian's wait it removed;
@@ -73,25 +73,30 @@ class AheadOfCall:
     ``_jit_stage_inputs``, ``_solve_and_tangents`` and ``_chunks`` of the class it is mixed
     into."""
 
-    #: the thread loading the stored solve program (``preload``), None when none runs
-    _preloading: threading.Thread | None = None
+    #: the threads loading the stored programs (``preload``), empty when none runs
+    _preloading: tuple[threading.Thread, ...] = ()
     #: the helper process compiling the sensitivity kernel (``preload``), None when none runs
     _kernel_helper = None
     #: the last ``jacobian``'s wait for the helper: {"waited_s", "succeeded"}, or None
     last_kernel_helper: dict | None = None
 
     def preload(self, theta=None) -> bool:
-        """Start loading the Jacobian's solve program in a background thread, when an earlier
-        process stored it (``solver.persisted``), and return True; False, having started
-        no thread, when it is not stored. On a CUDA backend that keeps a kernel cache, also
-        start the helper process that compiles the sensitivity kernel unless an earlier one
-        stored it (``boltzmann.kernel_helper``; a process apart, so it returns no flag).
+        """Start loading the Jacobian's stored programs, a background thread each -- the inputs
+        program (on the host CPU where the inputs run there) and the solve program -- when an
+        earlier process stored them (``solver.persisted``), and return True; False, having
+        started no thread, when the inputs program is not stored. On a CUDA backend that keeps
+        a kernel cache, also start the helper process that compiles the sensitivity kernel
+        unless an earlier one stored it (``boltzmann.kernel_helper``; a process apart, so it
+        returns no flag).
 
-        Why: a later process on the 2-core CPU spends most of its wait before the Jacobian
-        loading its programs -- XLA:CPU rebuilding the solve program's instruction list takes
-        about 20 s, single-threaded -- while it computes the main job, which it can do at the
-        same time. ``jacobian`` then finds the solve program ready (or waits for the load to
-        finish); θ only sets the arguments' shapes."""
+        Why: a later process spends most of its wait before the Jacobian loading its programs
+        -- XLA:CPU rebuilding each program's instruction list, single-threaded and with the
+        GIL released: about 20 s for the solve program on the 2-core CPU, 4 s for the inputs
+        program on a GPU machine's host -- while it computes the main job, which it can do at
+        the same time. ``jacobian`` then finds the programs ready (or waits for the load to
+        finish; a program's lock keeps it from loading twice); θ only sets the arguments'
+        shapes. Only loads: running the inputs program ahead slowed the main job (module
+        docstring)."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         if self._kernel_helper is None:
             self._kernel_helper = kernel_helper.start(self, theta)
@@ -100,24 +105,30 @@ class AheadOfCall:
             shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
         if shapes is None:
             return False
+        # the argument as ``jacobian`` passes it (``_host_inputs``): its placement is part of
+        # XLA's cache key
+        loads = [(self._jit_inputs_jvp, (jax.device_put(theta, cpu) if cpu is not None
+                                         else theta,))]
         (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
         arrays = (table, rows, y0, dtable, drows, dy0)
         if self._chunk_groups is not None:
             arrays += (self._chunk_groups[0],)
         args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=solve_sharding())
                      for a in arrays)
-        if not self._jit_solve_jvp.has_stored(*args):
-            return False
+        if self._jit_solve_jvp.has_stored(*args):
+            loads.append((self._jit_solve_jvp, args))
 
-        def load():
+        def load(program, program_args):
             try:
-                self._jit_solve_jvp.load(*args)
+                program.load(*program_args)
             except Exception as exc:  # noqa: BLE001 - the call then loads or compiles it itself
-                log.warning("preloading the Jacobian's solve program failed (%s: %s)",
+                log.warning("preloading a Jacobian program failed (%s: %s)",
                             type(exc).__name__, exc)
 
-        self._preloading = threading.Thread(target=load, name="boltzmann-preload", daemon=True)
-        self._preloading.start()
+        self._preloading = tuple(threading.Thread(target=load, args=pair, daemon=True,
+                                                  name="boltzmann-preload") for pair in loads)
+        for thread in self._preloading:
+            thread.start()
         return True
 
     def _solve_groups(self, solve_args):
@@ -179,7 +190,7 @@ class AheadOfCall:
 
     def _wait_for_preload(self) -> None:
         """Wait for ``preload``'s background work (before ``jax.clear_caches`` may run)."""
-        thread, self._preloading = self._preloading, None
-        if thread is not None:
+        threads, self._preloading = self._preloading, ()
+        for thread in threads:
             thread.join()
 
