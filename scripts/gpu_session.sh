@@ -6,8 +6,8 @@
 #              XLA:CPU's Eigen threads off
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
-#   first_run_1t   the main job's first and second process with that pool (the first half of
-#              hostpool_more)
+#   first_run_1t   the main job's first and second process with that pool
+#   d_1t       bench_gpu part d with that pool (hostpool_more is first_run_1t, then d_1t)
 #   hostpool_more  what that pool would cost as the GPU default: the main job's first and second
 #              process and bench_gpu part d (the Jacobian, whose inputs run on the host) with it
 #   d          bench_gpu part d: the Jacobian ratio at sensitivity error weights (GRAD_SEC, default 1,0.1,0),
@@ -64,8 +64,9 @@ for s in ${STEPS:-cb d first_run profile}; do
     first_run_1t|hostpool_more)
         rm -rf "$CACHE.1t"
         BOLTZMANN_HOST_THREADS=1 step first_run_1t 300 python scripts/bench_first_run.py \
-            --backend cuda --cache-dir "$CACHE.1t" --out "$JOB/fr_1t"
-        [ "$s" = hostpool_more ] && BOLTZMANN_HOST_THREADS=1 step bench_d_1t 600 python scripts/bench_gpu.py --parts d \
+            --backend cuda --cache-dir "$CACHE.1t" --out "$JOB/fr_1t" ;;&
+    d_1t|hostpool_more)
+        BOLTZMANN_HOST_THREADS=1 step bench_d_1t 600 python scripts/bench_gpu.py --parts d \
             --backends cuda --budget 560 --row-limit 500 --grad-sec "${GRAD_SEC:-0.1}" \
             --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_1t" ;;
     cb)
