@@ -383,3 +383,67 @@ def test_solve_device_follows_a_default_device_context():
         assert solve_sharding().device_set == {cpu}
     with jax.default_device("cpu"):
         assert solve_device() == jax.devices("cpu")[0]
+
+
+def test_preload_loads_the_inputs_and_solve_programs_in_threads_of_their_own():
+    """``preload`` starts a load per stored Jacobian program -- the inputs program with θ as
+    ``jacobian`` passes it, the solve program with shape structs of the inputs' outputs -- and
+    ``_wait_for_preload`` joins them; a solve program not stored is not loaded (nor compiled),
+    and with no stored inputs program nothing starts."""
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+
+    from boltzmann.gradients_ahead import AheadOfCall
+
+    class Program:
+        def __init__(self, outputs=None, stored=True):
+            self.outputs, self.stored, self.loads = outputs, stored, []
+
+        def stored_output_shapes(self, theta):
+            return self.outputs if self.stored else None
+
+        def has_stored(self, *args):
+            return self.stored
+
+        def load(self, *args):
+            self.loads.append((threading.current_thread().name, args))
+            return True
+
+    def shape(*s):
+        return jax.ShapeDtypeStruct(s, jnp.float64)
+
+    outputs = ((shape(1, 5), shape(1, 3, 2), shape(1, 3, 4), None),
+               (shape(2, 1, 5), shape(2, 1, 3, 2), shape(2, 1, 3, 4), None))
+
+    class Fn(AheadOfCall):
+        theta0 = jnp.array([0.7, 0.02])
+        inputs_on_host = False
+        backend = "jax"
+        _chunk_groups = None
+
+        def __init__(self, solve_stored, inputs_stored=True):
+            self._jit_inputs_jvp = Program(outputs, inputs_stored)
+            self._jit_solve_jvp = Program(stored=solve_stored)
+
+    fn = Fn(solve_stored=True)
+    assert fn.preload() is True
+    assert len(fn._preloading) == 2
+    fn._wait_for_preload()
+    assert fn._preloading == ()
+    (where_in, (theta,)), = fn._jit_inputs_jvp.loads
+    (where_solve, solve_args), = fn._jit_solve_jvp.loads
+    assert where_in == where_solve == "boltzmann-preload"
+    np.testing.assert_array_equal(np.asarray(theta), np.asarray(fn.theta0))
+    assert [a.shape for a in solve_args] == [(1, 5), (1, 3, 2), (1, 3, 4), (2, 1, 5),
+                                             (2, 1, 3, 2), (2, 1, 3, 4)]
+
+    fn = Fn(solve_stored=False)
+    assert fn.preload() is True
+    fn._wait_for_preload()
+    assert len(fn._jit_inputs_jvp.loads) == 1 and fn._jit_solve_jvp.loads == []
+
+    fn = Fn(solve_stored=True, inputs_stored=False)
+    assert fn.preload() is False and fn._preloading == ()
+    assert fn._jit_inputs_jvp.loads == [] and fn._jit_solve_jvp.loads == []
