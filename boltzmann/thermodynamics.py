@@ -159,6 +159,24 @@ def _fill_nodes(lna_np, step_nodes, ys, dys):
     return value, du / width
 
 
+def _hubble_on_nodes(hubble_of_a: Callable, lna):
+    """H(a) [1/Mpc] as the cubic Hermite in ln a through ln H and d ln H/dlna at the nodes
+    ``lna`` (uniform), both from one evaluation of ``hubble_of_a`` on the whole grid.
+
+    Why: the thermodynamics needs H at the nodes, at the Radau stage times and inside the
+    reionisation integral, each site under its own vmap and jvp. Called directly, every site
+    inlined its own copy of the background (densities, the massive-neutrino integrals): about
+    a third of the P(k) Jacobian's inputs program, whose compile and load bound a ``--gradients``
+    run's first and later processes. ln H is smooth on the grid's scale (power laws joined over
+    e-folds), so the cubic is exact to ~1e-12 relative at the default spacing, and its
+    derivative continuous."""
+    lnH, dlnH = jax.jvp(lambda t: jnp.log(hubble_of_a(jnp.exp(t))), (lna,), (jnp.ones_like(lna),))
+
+    def hubble(a):
+        return jnp.exp(hermite_interp(lna, lnH, dlnH, jnp.log(a)))
+    return hubble
+
+
 def thermodynamics_from_hubble(
     hubble_of_a: Callable,
     omega_b,
@@ -200,12 +218,13 @@ def thermodynamics_from_hubble(
 
     p = rec.make_params(omega_b, Y_He, T_cmb)
     tau_reio = jnp.asarray(tau_reio, dtype=jnp.float64)
+    hubble = _hubble_on_nodes(hubble_of_a, lna)
 
     def H_si(lna_):
-        return hubble_of_a(jnp.exp(lna_)) * rec.INV_MPC_TO_INV_S
+        return hubble(jnp.exp(lna_)) * rec.INV_MPC_TO_INV_S
 
     def aH(lna_):
-        return jnp.exp(lna_) * hubble_of_a(jnp.exp(lna_))
+        return jnp.exp(lna_) * hubble(jnp.exp(lna_))
 
     def x_e_rec(lna_, y):
         return rec.free_electron_fraction(lna_, y, p)[0]
@@ -218,7 +237,7 @@ def thermodynamics_from_hubble(
 
     # ---- 2. pass A: rate equations without reionisation
     def rhs_A(t, y):
-        return rec.recombination_rhs(t, y, p, hubble_of_a, settings)
+        return rec.recombination_rhs(t, y, p, hubble, settings)
 
     def rhs_A_given_h(t, y, hubble, p_):
         return rec.recombination_rhs(t, y, p_, lambda a: hubble, settings)
@@ -229,7 +248,7 @@ def thermodynamics_from_hubble(
     ode_nodes = ode_step_nodes(i_ode, len(lna_np), ode_stride, i_stride)
     t_lo, t_hi = lna[ode_nodes[:-1]], lna[ode_nodes[1:]]
     c_stage = jnp.asarray(rec.RADAU_C)
-    h_stage = [hubble_of_a(jnp.exp(t_lo + c_stage[i] * (t_hi - t_lo))) for i in range(2)]
+    h_stage = [hubble(jnp.exp(t_lo + c_stage[i] * (t_hi - t_lo))) for i in range(2)]
 
     y_start = early_state(lna[i_ode])
     ys_steps = jnp.concatenate([y_start[None], radau_path(rhs_A_given_h, t_lo, t_hi, y_start,

@@ -216,6 +216,29 @@ def test_hermite_columns_are_derivatives(table, table_stride2, stride):
         assert np.abs(central[sel] - dv[sel]).max() < tol * scale, name
 
 
+@pytest.mark.parametrize("config", ["lcdm", "wcdm_heavy_nu"])
+def test_hubble_through_the_nodes_matches_the_background(config):
+    """The thermodynamics' H(a) -- the cubic Hermite in ln a through ln H and its derivative at
+    the table nodes -- equals the background's H between the nodes to 1e-10 relative (the
+    massive neutrinos' transition and a w0-wa fluid included), and so does its d ln H/dlna."""
+    from boltzmann import background
+    from boltzmann.params import load_config
+
+    cosmo = load_config(Path(__file__).parents[1] / "configs" / f"{config}.yaml").cosmology
+    lna = jnp.asarray(thermo.default_grid())
+    hubble = thermo._hubble_on_nodes(lambda a: background.hubble(cosmo, a), lna)
+    # between nodes: the cells' thirds, where a cubic's error is largest
+    t = jnp.asarray(np.concatenate([lna[:-1] + (lna[1] - lna[0]) * f for f in (0.3, 0.7)]))
+
+    def log_h(h_of_a):
+        return lambda t_: jnp.log(h_of_a(jnp.exp(t_)))
+
+    exact, dexact = jax.jvp(log_h(lambda a: background.hubble(cosmo, a)), (t,), (jnp.ones_like(t),))
+    value, dvalue = jax.jvp(log_h(hubble), (t,), (jnp.ones_like(t),))
+    assert float(jnp.max(jnp.abs(value - exact))) < 1e-10
+    assert float(jnp.max(jnp.abs(dvalue - dexact))) < 1e-8
+
+
 def test_hermite_interp_exact_for_cubics():
     x = jnp.linspace(-1.0, 2.0, 13)
     f = lambda t: 0.3 * t**3 - t**2 + 2.0 * t - 1.0  # noqa: E731
