@@ -263,9 +263,16 @@ def thermodynamics_from_hubble(
         # interpolated state would amplify the interpolation error by the rates (up to ~1e8 H)
         dys_steps = jax.vmap(rhs_A)(lna[ode_nodes], ys_steps)
         ys_ode, dys_ode = _fill_nodes(lna_np, ode_nodes, ys_steps, dys_steps)
-    ys_early = jax.vmap(early_state)(lna[:i_ode])
+    # the early state with its first and second d/dlna in one trace (the second is what the
+    # sound speed's derivative reads below): each separate trace of the Saha start under the
+    # Jacobian's tangents is another copy of it in the program
+    def early_jet(t):
+        (y, dy), (_, ddy) = jax.jvp(lambda s: jax.jvp(early_state, (s,), (jnp.ones_like(s),)),
+                                    (t,), (jnp.ones_like(t),))
+        return y, dy, ddy
+
+    ys_early, dys_early, ddys_early = jax.vmap(early_jet)(lna[:i_ode])
     ys_A = jnp.concatenate([ys_early, ys_ode])
-    dys_early = jax.vmap(lambda t: jax.jvp(early_state, (t,), (jnp.ones_like(t),))[1])(lna[:i_ode])
     dys_A = jnp.concatenate([dys_early, dys_ode])
 
     # recombination-only x_e and its derivative at the nodes
@@ -302,7 +309,7 @@ def thermodynamics_from_hubble(
     i_b = i_late if stepped else i_ode
     tb_lo, tb_hi = lna[i_b:-1], lna[i_b + 1:]
     hh = tb_hi - tb_lo
-    K0, K1 = (jax.vmap(compton_total)(tb_lo + c[i] * hh) for i in range(2))
+    K0, K1 = jax.vmap(compton_total)(tb_lo + c[:, None] * hh)        # both stage times at once
     # stages: Theta = theta 1 + hh A (K - (1 + K) Theta); theta_{n+1} = Theta_1 (stiffly accurate)
     m00, m01 = 1.0 + hh * A[0, 0] * (1.0 + K0), hh * A[0, 1] * (1.0 + K1)
     m10, m11 = hh * A[1, 0] * (1.0 + K0), 1.0 + hh * A[1, 1] * (1.0 + K1)
@@ -333,15 +340,13 @@ def thermodynamics_from_hubble(
             return node_values(t_, xr_, th_, theta_rhs(t_, th_, xr_))
         return jax.jvp(f, (t, xr, th), (jnp.ones_like(t), dxr, theta_rhs(t, th, xr)))
 
-    # the early region's theta is the quasi-static K/(1+K), whose derivative is not the ODE rhs
-    def node_early(t):
-        def f(t_):
-            y = early_state(t_)
-            th_, dth_ = jax.jvp(lambda s: early_state(s)[2], (t_,), (jnp.ones_like(t_),))
-            return node_values(t_, x_e_rec(t_, y), th_, dth_)
-        return jax.jvp(f, (t,), (jnp.ones_like(t),))
+    # the early region's theta is the quasi-static K/(1+K), whose derivative is not the ODE rhs:
+    # the chain rule through the early state's jet
+    def node_early(t, y, dy, ddy):
+        xr, dxr = jax.jvp(x_e_rec, (t, y), (jnp.ones_like(t), dy))
+        return jax.jvp(node_values, (t, xr, y[2], dy[2]), (jnp.ones_like(t), dxr, dy[2], ddy[2]))
 
-    vals_e, ders_e = jax.vmap(node_early)(lna[:i_ode])
+    vals_e, ders_e = jax.vmap(node_early)(lna[:i_ode], ys_early, dys_early, ddys_early)
     vals_o, ders_o = jax.vmap(node_with_derivative)(lna[i_ode:], xrec[i_ode:], dxrec[i_ode:], theta[i_ode:])
     vals = [jnp.concatenate([a_, b_]) for a_, b_ in zip(vals_e, vals_o)]
     ders = [jnp.concatenate([a_, b_]) for a_, b_ in zip(ders_e, ders_o)]
