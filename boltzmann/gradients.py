@@ -320,12 +320,12 @@ class PowerSpectrumFunction(AheadOfCall):
     def _host_inputs(self, program, theta):
         """``program(theta)`` on the host CPU, its result moved to the default device; or run
         where it is when the inputs are not placed on the host (``inputs_on_host``)."""
-        cpu = host_cpu()
-        if not self.inputs_on_host or cpu is None:
+        cpu, theta = self._inputs_theta(theta)
+        if cpu is None:
             return jax.block_until_ready(program(theta))
         target = solve_device()
         with jax.default_device(cpu):
-            out = program(jax.device_put(theta, cpu))
+            out = program(theta)
         return jax.device_put(out, target)
 
     # the Jacobian by the chain rule over the stages, one compiled program each

@@ -6,8 +6,8 @@ stored, which need not wait for the main job:
 
 * ``preload`` loads the stored inputs and solve programs in background threads while the main
   job runs. What is not stored is not compiled there (a first run): on a CPU-only machine that
-  would add the compile's gigabytes to the process's peak. Nor is the inputs stage computed ahead on a
-  GPU machine's host: in a second process with it, the main job's host tables took 8.7 s and
+  would add the compile's gigabytes to the process's peak. Nor is the inputs stage computed
+  ahead on a GPU machine's host: in a second process with it, the main job's host tables took 8.7 s and
   its perturbation stage 8.7 s (NVIDIA H100), against about 1 s each in earlier second
   processes without it (docs/benchmarks.md), more than the Jacobian's wait it removed;
 * ``_solve_groups`` runs the JAX backend's chunk groups of the joint solve at the same time;
@@ -100,15 +100,12 @@ class AheadOfCall:
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
         if self._kernel_helper is None:
             self._kernel_helper = kernel_helper.start(self, theta)
-        cpu = host_cpu() if self.inputs_on_host else None
+        cpu, placed = self._inputs_theta(theta)
         with jax.default_device(cpu) if cpu is not None else contextlib.nullcontext():
             shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
         if shapes is None:
             return False
-        # the argument as ``jacobian`` passes it (``_host_inputs``): its placement is part of
-        # XLA's cache key
-        loads = [(self._jit_inputs_jvp, (jax.device_put(theta, cpu) if cpu is not None
-                                         else theta,))]
+        loads = [(self._jit_inputs_jvp, (placed,))]
         (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
         arrays = (table, rows, y0, dtable, drows, dy0)
         if self._chunk_groups is not None:
@@ -130,6 +127,13 @@ class AheadOfCall:
         for thread in self._preloading:
             thread.start()
         return True
+
+    def _inputs_theta(self, theta):
+        """(the host CPU device the inputs stage runs on, or None where it runs where θ is; θ
+        placed there): one placement for the call (``_host_inputs``) and the load ahead
+        (``preload``), since an argument's placement is part of XLA's cache key."""
+        cpu = host_cpu() if self.inputs_on_host else None
+        return cpu, theta if cpu is None else jax.device_put(theta, cpu)
 
     def _solve_groups(self, solve_args):
         """(ys, dys): the solve program on every chunk group, the groups at the same time.

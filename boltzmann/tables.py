@@ -24,8 +24,8 @@ from . import background as bg
 from .modes import Grid
 from .thermodynamics import LoopShape, compute_thermodynamics
 
-__all__ = ["Tables", "compute_tables", "model_table", "tables_one", "thermodynamics_on", "host_cpu", "DERIVED",
-           "TABLE_CHUNK", "HOST_TABLES_MAX", "ACCELERATOR_LOOPS"]
+__all__ = ["Tables", "compute_tables", "model_table", "tables_one", "thermodynamics_on",
+           "host_cpu", "DERIVED", "TABLE_CHUNK", "HOST_TABLES_MAX", "ACCELERATOR_LOOPS"]
 
 #: thermodynamic numbers reported with the tables (CLASS's definitions, boltzmann.thermodynamics)
 DERIVED = ("z_reio", "z_rec", "z_star", "z_drag")

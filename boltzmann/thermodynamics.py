@@ -239,8 +239,8 @@ def thermodynamics_from_hubble(
     def rhs_A(t, y):
         return rec.recombination_rhs(t, y, p, hubble, settings)
 
-    def rhs_A_given_h(t, y, hubble, p_):
-        return rec.recombination_rhs(t, y, p_, lambda a: hubble, settings)
+    def rhs_A_given_h(t, y, h_at_t, p_):
+        return rec.recombination_rhs(t, y, p_, lambda a: h_at_t, settings)
 
     # H at every Radau stage time, for all steps at once: inside the sequential loop each
     # evaluation would be repeated at every Newton iteration
