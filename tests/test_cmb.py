@@ -9,6 +9,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -152,6 +153,26 @@ def test_line_of_sight_of_analytic_sources():
                 (ell + 2) * (ell + 1) * ell * (ell - 1))
             assert float(tr.T[il, ik]) == pytest.approx(want_t, rel=1e-5, abs=1e-8)
             assert float(tr.E[il, ik]) == pytest.approx(want_e, rel=1e-5, abs=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["dot", "sum"])
+def test_line_of_sight_reductions_agree(reduction):
+    """Each way of taking the τ sums (a product with the weights, or a fused sum) gives the
+    same Δ^T, Δ^E, Δ^φ to rounding, and an unknown one is refused by name."""
+    src = _gaussian_sources(np.linspace(0.01, 0.2, 12))
+    src = dataclasses.replace(src, phi=src.t0)
+    ells = np.array([2, 10, 60, 200])
+    k = np.array([0.02, 0.07, 0.15])
+    table = bessel.BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0, dx=0.05)
+    other = {"dot": "sum", "sum": "dot"}[reduction]
+    a, b = (transfer_functions(src, ells, k, table, l_late=100, late_cut_tau=500.0,
+                               l_limber=60, reduction=r) for r in (reduction, other))
+    for name in ("T", "E", "P"):
+        x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
+        assert np.max(np.abs(x)) > 0.0
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-13 * np.max(np.abs(y)))
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        transfer_functions(src, ells, k, table, reduction="einsum")
 
 
 def test_line_of_sight_groups_do_not_change_the_transfers():
@@ -368,6 +389,42 @@ def test_lensing_against_class():
         assert np.max(np.abs(rel)) < tol, (name, np.max(np.abs(rel)))
     te = (fe * out["TE"][e - 2] - ref[sel, 7]) / np.sqrt(ref[sel, 5] * ref[sel, 6])
     assert np.max(np.abs(te)) < 1e-3
+
+
+def test_lensing_tables_equal_the_recurrence():
+    """The Wigner tables (one reduction per pass over the (ℓ, β) plane) and the ℓ scans give the
+    same lensed spectra to rounding; the process keeps one table per (ℓ_in, n_β); a traced
+    call with tables and an unknown method are refused with what to use instead."""
+    from scipy.interpolate import CubicSpline
+
+    from boltzmann.cmb import lensing
+
+    ref = np.loadtxt(DATA / "class_cl.csv", delimiter=",")
+    ell = np.arange(2, 901)
+    f = ell * (ell + 1.0) / (2 * np.pi)
+    cl = {name: CubicSpline(ref[:, 0], ref[:, c])(ell) / f for name, c in
+          (("TT", 1), ("EE", 2), ("TE", 3))}
+    cl["PP"] = CubicSpline(ref[:, 0], ref[:, 4])(ell) / (f * ell * (ell + 1.0))
+    rec = lensing.lensed_spectra(ell, cl, 400, n_beta=1300, method="recurrence")
+    tab = lensing.lensed_spectra(ell, cl, 400, n_beta=1300, method="tables")
+    for name in ("TT", "EE", "TE", "BB"):
+        x, y = np.asarray(tab[name]), np.asarray(rec[name])
+        assert x.shape == (399,)
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-11 * np.max(np.abs(y)))
+    # the lensing correction itself (not only the unlensed part) agrees
+    delta = np.asarray(tab["TT"]) - cl["TT"][:399]
+    np.testing.assert_allclose(delta, np.asarray(rec["TT"]) - cl["TT"][:399], rtol=0,
+                               atol=1e-9 * np.max(np.abs(delta)))
+    table = lensing.WignerTables.cached(900, 1300)
+    assert table is lensing.WignerTables.cached(900, 1300)
+    assert table.d.shape == (901, len(lensing.PAIRS), 1300)
+    x = np.cos(np.arccos(np.sort(np.polynomial.legendre.leggauss(1300)[0])))
+    np.testing.assert_allclose(np.asarray(table.pairs()[(0, 0)][1]), x, atol=1e-12)
+    with pytest.raises(ValueError, match="method='recurrence' inside jit"):
+        jax.jit(lambda t: lensing.lensed_spectra(ell, dict(cl, TT=t), 400, n_beta=1300,
+                                                 method="tables")["TT"])(cl["TT"])
+    with pytest.raises(ValueError, match="method must be one of"):
+        lensing.lensed_spectra(ell, cl, 400, method="fft")
 
 
 # ------------------------------------------------------------------ model observables

@@ -24,22 +24,41 @@ unlensed C_ℓ, so the quadrature's error touches the small lensing correction o
 
 Wigner d^ℓ_{mm'} come from the three-term recurrence in ℓ, started at ℓ = max(|m|, |m'|) from
 the explicit sum. The three sums over ℓ (deflection correlations, lensed correlation
-functions, back-transform) are each one ``jax.lax.scan`` over ℓ carrying d^ℓ and d^{ℓ-1} at
-every angle of the pairs the pass uses (two, twelve and four): compiled once per (ℓ_in, l_max,
-n_β), traceable (derivatives of the lensed spectra flow through it) and on the GPU when JAX runs
-there.
+functions, back-transform) are evaluated in one of two ways, the same formulas either way:
+
+- ``method="recurrence"``: each sum is one ``jax.lax.scan`` over ℓ carrying d^ℓ and d^{ℓ-1} at
+  every angle of the pairs the pass uses (two, twelve and four). Little memory, but some ten
+  thousand dependent steps: on a GPU each is a few kernel launches, and the three scans take
+  about 0.1 s whatever the arithmetic.
+- ``method="tables"``: d^ℓ_{mm'}(β) depends on ℓ and the quadrature angles only, not on the
+  cosmology, so the recurrence runs once per (ℓ_in, n_β) into a table (``WignerTables``: every
+  pair, ℓ and angle; 2.1 GB for ℓ_in = 4000) kept for the process, and each sum is then one
+  reduction over the (ℓ, β) plane, with no sequential steps. What a GPU is built for; on a CPU
+  the memory traffic costs more than the scans, so ``"auto"`` takes the tables only where JAX's
+  default backend is a GPU.
+
+Both are traceable (derivatives of the lensed spectra flow through them) and compiled once per
+(ℓ_in, l_max, n_β).
 """
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.special import roots_legendre
 
-__all__ = ["lensed_spectra", "wigner_d_start", "L_EXTRA", "input_l_max"]
+from solver.caches import Cache
+
+__all__ = ["lensed_spectra", "wigner_d_start", "WignerTables", "L_EXTRA", "input_l_max",
+           "LENSING_METHODS"]
+
+#: ``lensed_spectra``'s ways of summing over ℓ (module docstring)
+LENSING_METHODS = ("auto", "recurrence", "tables")
+_WIGNER = Cache("boltzmann.cmb.lensing.wigner", maxsize=1)
 
 #: lensed spectra to l_max need the unlensed ones (and φφ) at least this far beyond it (with
 #: 500 extra multipoles lensed TT is 4e-3 off CLASS at ℓ = 2500 — docs/cmb.md, Lensing)
@@ -162,16 +181,58 @@ def _prefactors(l_top: int) -> dict:
             "242": jnp.asarray(0.25 * sq((ell + 4) * (ell + 3) * (ell - 2) * (ell - 3)))}
 
 
+def _quadrature(n_beta: int):
+    """Gauss-Legendre angles β (host) and weights in cos β."""
+    mu, w = roots_legendre(n_beta)     # O(n); numpy's leggauss is O(n³): 15 s at n = 2000
+    return np.arccos(mu), w
+
+
+def _deflection_weights(pp):
+    """(2ℓ+1)/4π ℓ(ℓ+1) C_ℓ^φφ at ℓ = 0..ℓ_in (0 at ℓ = 0)."""
+    ells = jnp.arange(pp.shape[0], dtype=jnp.float64)
+    return (2.0 * ells + 1.0) / (4.0 * math.pi) * ells * (ells + 1.0) * pp
+
+
+def _correlation_terms(ell, s, c2, pre, shifts, d):
+    """(ξ_T, ξ_+, ξ_-, ξ_X) per unit C_ℓ at multipole ``ell`` (module docstring, lensed minus
+    unlensed), for a traced scalar ℓ and angle vectors, or for a column of ℓ against a row of
+    angles (the shapes broadcast)."""
+    X = _x_functions(ell, s, pre, shifts)
+    L = ell * (ell + 1.0)
+    Ls = jnp.where(ell >= 2, L, 1.0)
+    xi_t = (X["000"] ** 2 - 1.0) * d[(0, 0)] + 8.0 / Ls * c2 * X["d000"] ** 2 \
+        * d[(1, -1)] + c2 ** 2 * (X["d000"] ** 2 * d[(0, 0)] + X["220"] ** 2 * d[(2, -2)])
+    xi_p = (X["022"] ** 2 - 1.0) * d[(2, 2)] + 2.0 * c2 * X["132"] * X["121"] * d[(3, 1)] \
+        + c2 ** 2 * (X["d022"] ** 2 * d[(2, 2)] + X["242"] * X["220"] * d[(4, 0)])
+    xi_m = (X["022"] ** 2 - 1.0) * d[(2, -2)] + c2 * (X["121"] ** 2 * d[(1, -1)]
+                                                      + X["132"] ** 2 * d[(3, -3)]) \
+        + 0.5 * c2 ** 2 * (2.0 * X["d022"] ** 2 * d[(2, -2)] + X["220"] ** 2 * d[(0, 0)]
+                           + X["242"] ** 2 * d[(4, -4)])
+    xi_x = (X["022"] * X["000"] - 1.0) * d[(2, 0)] + c2 * 2.0 * X["d000"] / jnp.sqrt(Ls) \
+        * (X["121"] * d[(1, 1)] + X["132"] * d[(3, -1)]) \
+        + 0.5 * c2 ** 2 * ((2.0 * X["d022"] * X["d000"] + X["220"] ** 2) * d[(2, 0)]
+                           + X["220"] * X["242"] * d[(4, -2)])
+    return xi_t, xi_p, xi_m, xi_x
+
+
+def _assemble(tt, ee, te, out, l_max: int) -> dict:
+    """The lensed spectra at ℓ = 2..l_max from the back-transformed corrections ``out``
+    ((l_max + 1, 4): ξ̃ - ξ of T, +, -, X in harmonic space)."""
+    sl = slice(2, l_max + 1)
+    T, P, M, X = (out[sl, i] for i in range(4))
+    return {"TT": tt[sl] + T, "EE": ee[sl] + 0.5 * (P + M), "BB": 0.5 * (P - M),
+            "TE": te[sl] + X}
+
+
 @functools.partial(jax.jit, static_argnames=("l_max", "n_beta"))
 def _lensed(tt, ee, te, pp, *, l_max: int, n_beta: int):
-    """The three passes on C_ℓ arrays indexed by ℓ = 0..ℓ_in (ℓ < 2 zero)."""
+    """The three passes as ℓ scans (``method="recurrence"``) on C_ℓ arrays indexed by
+    ℓ = 0..ℓ_in (ℓ < 2 zero)."""
     l_in = tt.shape[0] - 1
-    mu, w = roots_legendre(n_beta)     # O(n); numpy's leggauss is O(n³): 15 s at n = 2000
-    beta = np.arccos(mu)
+    beta, w = _quadrature(n_beta)
     w = jnp.asarray(w)
     fac = (2.0 * jnp.arange(l_in + 1) + 1.0) / (4.0 * math.pi)
-    ells = jnp.arange(l_in + 1, dtype=jnp.float64)
-    a = fac * ells * (ells + 1.0) * pp          # 0 at ℓ = 0
+    a = _deflection_weights(pp)
     zero = jnp.zeros(n_beta)
 
     # pass 1: deflection correlations
@@ -186,21 +247,7 @@ def _lensed(tt, ee, te, pp, *, l_max: int, n_beta: int):
 
     # pass 2: lensed minus unlensed correlation functions
     def correlations(dxi, ell, d):
-        X = _x_functions(ell, s, pre, shifts)
-        L = ell * (ell + 1.0)
-        Ls = jnp.where(ell >= 2, L, 1.0)
-        xi_t = (X["000"] ** 2 - 1.0) * d[(0, 0)] + 8.0 / Ls * c2 * X["d000"] ** 2 \
-            * d[(1, -1)] + c2 ** 2 * (X["d000"] ** 2 * d[(0, 0)] + X["220"] ** 2 * d[(2, -2)])
-        xi_p = (X["022"] ** 2 - 1.0) * d[(2, 2)] + 2.0 * c2 * X["132"] * X["121"] * d[(3, 1)] \
-            + c2 ** 2 * (X["d022"] ** 2 * d[(2, 2)] + X["242"] * X["220"] * d[(4, 0)])
-        xi_m = (X["022"] ** 2 - 1.0) * d[(2, -2)] + c2 * (X["121"] ** 2 * d[(1, -1)]
-                                                          + X["132"] ** 2 * d[(3, -3)]) \
-            + 0.5 * c2 ** 2 * (2.0 * X["d022"] ** 2 * d[(2, -2)] + X["220"] ** 2 * d[(0, 0)]
-                               + X["242"] ** 2 * d[(4, -4)])
-        xi_x = (X["022"] * X["000"] - 1.0) * d[(2, 0)] + c2 * 2.0 * X["d000"] / jnp.sqrt(Ls) \
-            * (X["121"] * d[(1, 1)] + X["132"] * d[(3, -1)]) \
-            + 0.5 * c2 ** 2 * ((2.0 * X["d022"] * X["d000"] + X["220"] ** 2) * d[(2, 0)]
-                               + X["220"] * X["242"] * d[(4, -2)])
+        xi_t, xi_p, xi_m, xi_x = _correlation_terms(ell, s, c2, pre, shifts, d)
         f = jnp.where(ell >= 2, fac[ell], 0.0)
         new = dxi + f * jnp.stack([tt[ell] * xi_t, ee[ell] * xi_p, ee[ell] * xi_m,
                                    te[ell] * xi_x])
@@ -216,19 +263,79 @@ def _lensed(tt, ee, te, pp, *, l_max: int, n_beta: int):
                                  wd[3] @ d[(2, 0)]])
 
     _, out = _scan_d(beta, l_max, harmonic, 0.0, ((0, 0), (2, 2), (2, -2), (2, 0)))
-    sl = slice(2, l_max + 1)
-    T, P, M, X = (out[sl, i] for i in range(4))
-    return {"TT": tt[sl] + T, "EE": ee[sl] + 0.5 * (P + M), "BB": 0.5 * (P - M),
-            "TE": te[sl] + X}
+    return _assemble(tt, ee, te, out, l_max)
 
 
-def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None) -> dict:
+@dataclass(frozen=True)
+class WignerTables:
+    """d^ℓ_{mm'}(β_i) for every pair of ``PAIRS``, ℓ = 0..``l_top`` and the ``n_beta``
+    Gauss-Legendre angles of the lensing quadrature: ``d`` of shape (l_top + 1, len(PAIRS),
+    n_beta), by the same recurrence as the scans (``_scan_d``). Cosmology-independent, so it is
+    built once per (l_top, n_beta) and kept (``cached``; one table, as it is large)."""
+
+    l_top: int
+    n_beta: int
+    d: jnp.ndarray
+
+    @classmethod
+    def build(cls, l_top: int, n_beta: int) -> "WignerTables":
+        return cls(l_top=int(l_top), n_beta=int(n_beta), d=_wigner_table(int(l_top), int(n_beta)))
+
+    @classmethod
+    def cached(cls, l_top: int, n_beta: int) -> "WignerTables":
+        key = (int(l_top), int(n_beta), jax.default_backend())
+        return _WIGNER.get_or_build(key, lambda: cls.build(l_top, n_beta))
+
+    def pairs(self) -> dict:
+        """{pair: (l_top + 1, n_beta) view}."""
+        return {pair: self.d[:, i, :] for i, pair in enumerate(PAIRS)}
+
+
+@functools.partial(jax.jit, static_argnames=("l_top", "n_beta"))
+def _wigner_table(l_top: int, n_beta: int):
+    beta, _ = _quadrature(n_beta)
+    _, ds = _scan_d(beta, l_top, lambda c, ell, d: (c, jnp.stack([d[p] for p in PAIRS])), 0.0)
+    return ds
+
+
+@functools.partial(jax.jit, static_argnames=("l_max",))
+def _lensed_tabled(tt, ee, te, pp, table, *, l_max: int):
+    """The three passes (``method="tables"``) as reductions over the (ℓ, β) plane of
+    ``table`` (a (ℓ_in + 1, len(PAIRS), n_β) ``WignerTables.d``)."""
+    n_beta = table.shape[2]
+    _, w = _quadrature(n_beta)
+    w = jnp.asarray(w)
+    d = {pair: table[:, i, :] for i, pair in enumerate(PAIRS)}
+    l_in = tt.shape[0] - 1
+    a = _deflection_weights(pp)
+    cgl, c2 = a @ d[(1, 1)], a @ d[(1, -1)]                      # pass 1
+    s = 0.25 * (jnp.sum(a) - cgl)
+    ell = jnp.arange(l_in + 1)[:, None]                          # pass 2: ℓ down, β across
+    xi_t, xi_p, xi_m, xi_x = _correlation_terms(ell, s, c2, _prefactors(l_in), _shifts(s), d)
+    f = jnp.where(ell >= 2, (2.0 * ell + 1.0) / (4.0 * math.pi), 0.0)
+    dxi = jnp.stack([jnp.sum(f * tt[ell] * xi_t, axis=0), jnp.sum(f * ee[ell] * xi_p, axis=0),
+                     jnp.sum(f * ee[ell] * xi_m, axis=0), jnp.sum(f * te[ell] * xi_x, axis=0)])
+    wd = 2.0 * math.pi * w * dxi                                 # pass 3
+    top = slice(0, l_max + 1)
+    out = jnp.stack([d[(0, 0)][top] @ wd[0], d[(2, 2)][top] @ wd[1], d[(2, -2)][top] @ wd[2],
+                     d[(2, 0)][top] @ wd[3]], axis=1)
+    return _assemble(tt, ee, te, out, l_max)
+
+
+def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None,
+                   method: str = "recurrence") -> dict:
     """Lensed TT, EE, TE, BB [same units as the input] at ℓ = 2..l_max (JAX arrays; traceable
     in the C_ℓ).
 
     ``ell``: (L,) every ℓ from 2 to at least ``input_l_max(l_max)``; ``cl``: unlensed C_ℓ of
-    TT, EE, TE (BB taken as 0) and PP (C_ℓ^φφ) on ``ell``.
+    TT, EE, TE (BB taken as 0) and PP (C_ℓ^φφ) on ``ell``. ``method`` (``LENSING_METHODS``,
+    module docstring): ``"recurrence"`` (ℓ scans), ``"tables"`` (the process's
+    ``WignerTables``: not inside a trace, whose arrays a cached table must not hold) or
+    ``"auto"`` (tables where JAX's default backend is a GPU).
     """
+    if method not in LENSING_METHODS:
+        raise ValueError(f"lensed_spectra: method must be one of {LENSING_METHODS}, "
+                         f"got {method!r}")
     ell = np.asarray(ell, dtype=np.int64)
     if ell[0] != 2 or np.any(np.diff(ell) != 1):
         raise ValueError("lensed_spectra: ell must be every multipole from 2")
@@ -238,4 +345,13 @@ def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None) -> d
     full = lambda v: jnp.concatenate([jnp.zeros(2), jnp.asarray(v, jnp.float64)])  # noqa: E731
     tt, ee, te, pp = (full(cl[n]) for n in ("TT", "EE", "TE", "PP"))
     n_beta = int(n_beta or l_in + N_BETA_EXTRA)
+    if method == "auto":
+        method = "tables" if jax.default_backend() == "gpu" else "recurrence"
+    if method == "tables":
+        if isinstance(tt, jax.core.Tracer):
+            raise ValueError("lensed_spectra: method='tables' keeps a table for the process and "
+                             "cannot be traced (it would become a constant of the program); "
+                             "use method='recurrence' inside jit, grad or vmap")
+        table = WignerTables.cached(l_in, n_beta)
+        return _lensed_tabled(tt, ee, te, pp, table.d, l_max=int(l_max))
     return _lensed(tt, ee, te, pp, l_max=int(l_max), n_beta=n_beta)

@@ -101,7 +101,8 @@ def compute_cl(tables, cosmos, precision, model, *, l_max: int = 2500,
     lensed = None
     if lensing:
         t0 = time.perf_counter()
-        lensed = {name: np.asarray(v) for name, v in lensed_spectra(ell_all, cl, l_out).items()}
+        lensed = {name: np.asarray(v)
+                  for name, v in lensed_spectra(ell_all, cl, l_out, method="auto").items()}
         timings["lensing"] = time.perf_counter() - t0
     keep = ell_all <= l_out
     cl = {name: v[keep] for name, v in cl.items() if name in spectra}
