@@ -17,8 +17,8 @@
 #   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
 #              per-stage times, one multipole per line-of-sight iteration and then the
 #              batched default side by side
-#   cl_parts   the line of sight's parts with each τ-sum reduction (dot, sum) and the lensing
-#              step with each method (recurrence, tables), side by side
+#   cl_parts   the line of sight's parts, and the lensing step with each method (recurrence,
+#              tables) side by side
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
 #              a fourth under -X importtime
 # Python writes its bytecode under $JOB/pycache (the image sets PYTHONDONTWRITEBYTECODE, which
@@ -91,8 +91,7 @@ for s in ${STEPS:-cb d first_run profile}; do
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
     cl_parts)
-        step cl_los 300 python scripts/profile_line_of_sight.py --backend cuda --repeat 3 \
-            --reductions dot,sum
+        step cl_los 300 python scripts/profile_line_of_sight.py --backend cuda --repeat 3
         step cl_lensing 200 python scripts/profile_lensing.py --methods recurrence,tables ;;
     profile)
         step profile 120 python -m cProfile -o "$JOB/third.prof" scripts/transfer.py \

@@ -5,11 +5,7 @@
 onto the transfer k grid, Δ^T and Δ^E of the ℓ ≤ l_late group (every τ) and of the ℓ > l_late
 group (τ up to z = 30), each over its k window, and Δ^φ for ℓ ≤ l_limber on its coarser k grid.
 
-With several ``--reductions`` (line_of_sight.REDUCTIONS) each is timed in turn on the same
-sources, and its Δ's largest difference from the first one's is printed.
-
     python scripts/profile_line_of_sight.py [--backend jax] [--repeat 2] [--k-window-extra 0.25]
-        [--reductions dot,sum]
 """
 from __future__ import annotations
 
@@ -45,11 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--l-limber", type=int, default=100)
     parser.add_argument("--k-window-extra", type=float, default=ClSampling().k_window_extra,
                         help="ClSampling.k_window_extra [1/Mpc]; 0: no window")
-    parser.add_argument("--reductions", default=None,
-                        help="comma-separated line_of_sight.REDUCTIONS (default: the "
-                             "backend's default_reduction)")
     args = parser.parse_args(argv)
-    reductions = (args.reductions or los.default_reduction()).split(",")
     runtime.configure(runtime.Settings.from_environment())
     cfg = load_config(REPO / "configs" / "planck_cl.yaml")
     cosmos = stack_cosmologies([cfg.cosmology])
@@ -72,39 +64,25 @@ def main(argv=None) -> int:
     print(f"{ells.size} multipoles to {l_max}, {k.size} transfer k (widest window "
           f"{int(np.max(window.hi - window.lo))}, Δ^φ on {ip.size}), {tau.size} times "
           f"({n_cut} before z = 30)")
-    print(f"JAX on {jax.devices()[0].device_kind}; seconds per part, waiting for its arrays")
-    print("| reduction | run | sources onto k | ℓ ≤ l_late: T, E (every τ) "
-          "| ℓ > l_late: T, E (τ to z = 30) | ℓ ≤ l_limber: φ |")
-    print("|---|---|---|---|---|---|")
-    first = None
-    for reduction in reductions:
-        for run in range(args.repeat):
-            t0 = time.perf_counter()
-            fine = jax.block_until_ready(los.fine_sources(src, k))
-            t1 = time.perf_counter()
-            lo = jax.block_until_ready(los._window_rows(
-                table, *los._grouped(low, window, k.size), kj, chi, los.trapezoid(tau), fine,
-                reduction=reduction))
-            t2 = time.perf_counter()
-            cut = {name: v[:, :n_cut] for name, v in fine.items()}
-            hi = jax.block_until_ready(los._window_rows(
-                table, *los._grouped(high, window, k.size), kj, chi[:n_cut],
-                los.trapezoid(tau[:n_cut]), cut, reduction=reduction))
-            t3 = time.perf_counter()
-            ph = jax.block_until_ready(los._phi_rows(
-                table, with_p, kj[ip][:, None] * chi[None, :], los.trapezoid(tau),
-                fine["phi"][ip], reduction=reduction))
-            t4 = time.perf_counter()
-            print(f"| {reduction} | {run + 1} | {t1 - t0:.3f} s | {t2 - t1:.3f} s ({low.size} ℓ) | "
-                  f"{t3 - t2:.3f} s ({high.size} ℓ) | {t4 - t3:.3f} s ({with_p.size} ℓ) |")
-        parts = [np.asarray(a) for a in (*lo, *hi, ph)]
-        if first is None:
-            first = parts
-        else:
-            diff = max(float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
-                       for a, b in zip(parts, first))
-            print(f"{reduction} against {reductions[0]}: largest difference {diff:.1e} of each "
-                  "part's largest |Δ|")
+    print("| run | sources onto k | ℓ ≤ l_late: T, E (every τ) | ℓ > l_late: T, E (τ to z = 30) "
+          "| ℓ ≤ l_limber: φ |")
+    print("|---|---|---|---|---|")
+    for run in range(args.repeat):
+        t0 = time.perf_counter()
+        fine = jax.block_until_ready(los.fine_sources(src, k))
+        t1 = time.perf_counter()
+        jax.block_until_ready(los._window_rows(table, *los._grouped(low, window, k.size), kj,
+                                               chi, los.trapezoid(tau), fine))
+        t2 = time.perf_counter()
+        cut = {name: v[:, :n_cut] for name, v in fine.items()}
+        jax.block_until_ready(los._window_rows(table, *los._grouped(high, window, k.size), kj,
+                                               chi[:n_cut], los.trapezoid(tau[:n_cut]), cut))
+        t3 = time.perf_counter()
+        jax.block_until_ready(los._phi_rows(table, with_p, kj[ip][:, None] * chi[None, :],
+                                            los.trapezoid(tau), fine["phi"][ip]))
+        t4 = time.perf_counter()
+        print(f"| {run + 1} | {t1 - t0:.2f} s | {t2 - t1:.2f} s ({low.size} ℓ) | "
+              f"{t3 - t2:.2f} s ({high.size} ℓ) | {t4 - t3:.2f} s ({with_p.size} ℓ) |")
     return 0
 
 

@@ -155,26 +155,6 @@ def test_line_of_sight_of_analytic_sources():
             assert float(tr.E[il, ik]) == pytest.approx(want_e, rel=1e-5, abs=1e-10)
 
 
-@pytest.mark.parametrize("reduction", ["dot", "sum"])
-def test_line_of_sight_reductions_agree(reduction):
-    """Each way of taking the τ sums (a product with the weights, or a fused sum) gives the
-    same Δ^T, Δ^E, Δ^φ to rounding, and an unknown one is refused by name."""
-    src = _gaussian_sources(np.linspace(0.01, 0.2, 12))
-    src = dataclasses.replace(src, phi=src.t0)
-    ells = np.array([2, 10, 60, 200])
-    k = np.array([0.02, 0.07, 0.15])
-    table = bessel.BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0, dx=0.05)
-    other = {"dot": "sum", "sum": "dot"}[reduction]
-    a, b = (transfer_functions(src, ells, k, table, l_late=100, late_cut_tau=500.0,
-                               l_limber=60, reduction=r) for r in (reduction, other))
-    for name in ("T", "E", "P"):
-        x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
-        assert np.max(np.abs(x)) > 0.0
-        np.testing.assert_allclose(x, y, rtol=0, atol=1e-13 * np.max(np.abs(y)))
-    with pytest.raises(ValueError, match="reduction must be one of"):
-        transfer_functions(src, ells, k, table, reduction="einsum")
-
-
 def test_line_of_sight_groups_do_not_change_the_transfers():
     """The multipoles are integrated in groups (with φ for ℓ ≤ l_limber, without it up to
     l_late, early times only above): where a multipole falls changes only what is computed
@@ -420,6 +400,21 @@ def test_lensing_tables_equal_the_recurrence():
     assert table.d.shape == (901, len(lensing.PAIRS), 1300)
     x = np.cos(np.arccos(np.sort(np.polynomial.legendre.leggauss(1300)[0])))
     np.testing.assert_allclose(np.asarray(table.pairs()[(0, 0)][1]), x, atol=1e-12)
+    # traced: the table as an argument of the program; tangents as the recurrence's
+    d_tt = cl["TT"] * np.linspace(0.5, 1.5, ell.size)
+
+    def lensed_tt(t, wigner):
+        return lensing.lensed_spectra(ell, dict(cl, TT=t), 400, n_beta=1300,
+                                      method="recurrence", wigner=wigner)["TT"]
+
+    v_rec, t_rec = jax.jvp(lambda t: lensed_tt(t, None), (cl["TT"],), (d_tt,))
+    v_tab, t_tab = jax.jit(lambda t, w: jax.jvp(lambda u: lensed_tt(u, w), (t,), (d_tt,)))(
+        cl["TT"], table.d)
+    np.testing.assert_allclose(np.asarray(v_tab), np.asarray(v_rec), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(t_tab), np.asarray(t_rec), rtol=0,
+                               atol=1e-11 * np.max(np.abs(np.asarray(t_rec))))
+    with pytest.raises(ValueError, match="does not serve unlensed spectra to 900"):
+        lensing.lensed_spectra(ell, cl, 400, wigner=table.d[:500])
     with pytest.raises(ValueError, match="method='recurrence' inside jit"):
         jax.jit(lambda t: lensing.lensed_spectra(ell, dict(cl, TT=t), 400, n_beta=1300,
                                                  method="tables")["TT"])(cl["TT"])

@@ -66,6 +66,8 @@ def test_bad_requests_are_refused_before_any_work():
         ClFunction(config, parameters=("h", "m_ncdm"))
     with pytest.raises(Exception, match="unknown parameter 'omega_x'"):
         ClFunction(config, parameters=("omega_x",))
+    with pytest.raises(ValueError, match="lensing method must be one of"):
+        ClFunction(config, lensing_method="fft")
 
 
 @pytest.mark.slow

@@ -51,7 +51,8 @@ from ..runtime import require_float64
 from ..tables import tables_one
 from ..theta import ParameterMap, available_parameters, one
 from .bessel import BesselTable
-from .lensing import input_l_max, lensed_spectra
+from .lensing import (WignerTables, default_n_beta, input_l_max, lensed_spectra,
+                      resolve_method)
 from .line_of_sight import transfer_functions
 from .sampling import ClSampling, transfer_wavenumbers, transfer_window
 from .sources import (SourceGrid, error_weights, evaluate_sources, source_background,
@@ -76,14 +77,16 @@ class ClFunction:
     ``cl_for_config``), ``sampling`` (ClSampling), ``backend`` ("jax", "cuda", "auto"),
     ``direction_block``: tangent directions per pass of the line of sight (memory against
     passes), ``sensitivity_error_control`` (as for P(k), docs/gradients.md), ``los_batch``:
-    multipoles per iteration of the line of sight (None: ``line_of_sight.multipole_batch``).
+    multipoles per iteration of the line of sight (None: ``line_of_sight.multipole_batch``),
+    ``lensing_method``: lensing.LENSING_METHODS ("auto": the Wigner table on a GPU, passed to
+    the programs as an argument; the ℓ recurrence elsewhere).
     """
 
     def __init__(self, config, *, parameters: Sequence[str] | None = None, l_max=None,
                  spectra=None, lensing=None, sampling: ClSampling = ClSampling(),
                  backend="jax", direction_block: int = 2, max_steps: int = 200_000,
                  sensitivity_error_control: bool | float = True,
-                 los_batch: int | None = None):
+                 los_batch: int | None = None, lensing_method: str = "auto"):
         require_float64()
         out = config.output
         self.l_out = int(getattr(out, "l_max", 2500) if l_max is None else l_max)
@@ -91,6 +94,7 @@ class ClFunction:
             if spectra is None else tuple(spectra)
         self.lensing = bool(getattr(out, "lensing", False)) if lensing is None else bool(lensing)
         check_request(self.l_out, self.spectra, self.lensing)
+        lensing_method = resolve_method(lensing_method)
         if parameters is None:
             parameters = available_parameters(config.cosmology)
         self._map = ParameterMap(config.cosmology, parameters)
@@ -124,7 +128,12 @@ class ClFunction:
                                       plan.tau_rec_fid, sampling)
         self.bessel = BesselTable.cached(
             self.ells, X_MARGIN * float(self.k_transfer[-1] * plan.tau0_fid) + 1.0)
-        self._bessel_rows = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj))
+        #: the lensing step's Wigner table where ``lensing_method`` resolves to "tables"
+        #: (lensing.resolve_method), else None (the ℓ recurrence inside the program)
+        wigner = None
+        if self.lensing and lensing_method == "tables":
+            wigner = WignerTables.cached(self.l_max, default_n_beta(self.l_max)).d
+        self._bessel_rows = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj), wigner)
         self.l_limber = min(L_LIMBER, self.l_max)
         #: the solver calls: (mode indices, padded to the chunk size, photons controlled)
         self._chunks = plan.chunks(backend)
@@ -179,8 +188,9 @@ class ClFunction:
 
     def _spectra(self, srcs, bg, prim, bessel_rows):
         """Sources (five (K, S) arrays) → the outputs (class docstring), traceable;
-        ``bessel_rows``: the Bessel table's (j, dj), arguments of the program rather than
-        constants compiled into it (hundreds of MB)."""
+        ``bessel_rows``: the Bessel table's (j, dj) and the lensing step's Wigner table (or
+        None), arguments of the program rather than constants compiled into it (hundreds of MB
+        and GB)."""
         plan = self.plan
         table = dataclasses.replace(self.bessel, j=bessel_rows[0], dj=bessel_rows[1])
         src = SourceGrid(k=plan.k, tau=bg["tau"], x=plan.x, tau0=bg["tau0"],
@@ -198,7 +208,8 @@ class ClFunction:
         n = self.l_out - 1
         out = {name: cl[name][:n] for name in self.names if name in self.spectra}
         if self.lensing:
-            lensed = lensed_spectra(np.arange(2, self.l_max + 1), cl, self.l_out)
+            lensed = lensed_spectra(np.arange(2, self.l_max + 1), cl, self.l_out,
+                                    method="recurrence", wigner=bessel_rows[2])
             out.update({f"lensed_{name}": v for name, v in lensed.items()})
         return out
 

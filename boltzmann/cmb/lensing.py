@@ -54,7 +54,7 @@ from scipy.special import roots_legendre
 from solver.caches import Cache
 
 __all__ = ["lensed_spectra", "wigner_d_start", "WignerTables", "L_EXTRA", "input_l_max",
-           "LENSING_METHODS"]
+           "LENSING_METHODS", "default_n_beta", "resolve_method"]
 
 #: ``lensed_spectra``'s ways of summing over ℓ (module docstring)
 LENSING_METHODS = ("auto", "recurrence", "tables")
@@ -322,8 +322,23 @@ def _lensed_tabled(tt, ee, te, pp, table, *, l_max: int):
     return _assemble(tt, ee, te, out, l_max)
 
 
+def default_n_beta(l_in: int) -> int:
+    """Gauss-Legendre angles for unlensed spectra to ``l_in`` (``N_BETA_EXTRA``)."""
+    return int(l_in) + N_BETA_EXTRA
+
+
+def resolve_method(method: str) -> str:
+    """``"recurrence"`` or ``"tables"`` for a ``LENSING_METHODS`` entry (``"auto"``: tables
+    where JAX's default backend is a GPU); anything else is refused by name."""
+    if method not in LENSING_METHODS:
+        raise ValueError(f"lensing method must be one of {LENSING_METHODS}, got {method!r}")
+    if method == "auto":
+        return "tables" if jax.default_backend() == "gpu" else "recurrence"
+    return method
+
+
 def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None,
-                   method: str = "recurrence") -> dict:
+                   method: str = "recurrence", wigner=None) -> dict:
     """Lensed TT, EE, TE, BB [same units as the input] at ℓ = 2..l_max (JAX arrays; traceable
     in the C_ℓ).
 
@@ -331,11 +346,9 @@ def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None,
     TT, EE, TE (BB taken as 0) and PP (C_ℓ^φφ) on ``ell``. ``method`` (``LENSING_METHODS``,
     module docstring): ``"recurrence"`` (ℓ scans), ``"tables"`` (the process's
     ``WignerTables``: not inside a trace, whose arrays a cached table must not hold) or
-    ``"auto"`` (tables where JAX's default backend is a GPU).
+    ``"auto"`` (tables where JAX's default backend is a GPU). ``wigner``: a ``WignerTables.d``
+    array to use instead (an argument of a traced program: then ``method`` is not read).
     """
-    if method not in LENSING_METHODS:
-        raise ValueError(f"lensed_spectra: method must be one of {LENSING_METHODS}, "
-                         f"got {method!r}")
     ell = np.asarray(ell, dtype=np.int64)
     if ell[0] != 2 or np.any(np.diff(ell) != 1):
         raise ValueError("lensed_spectra: ell must be every multipole from 2")
@@ -344,14 +357,19 @@ def lensed_spectra(ell, cl: dict, l_max: int, *, n_beta: int | None = None,
         raise ValueError(f"lensed_spectra: the unlensed spectra stop at {l_in} < l_max = {l_max}")
     full = lambda v: jnp.concatenate([jnp.zeros(2), jnp.asarray(v, jnp.float64)])  # noqa: E731
     tt, ee, te, pp = (full(cl[n]) for n in ("TT", "EE", "TE", "PP"))
-    n_beta = int(n_beta or l_in + N_BETA_EXTRA)
-    if method == "auto":
-        method = "tables" if jax.default_backend() == "gpu" else "recurrence"
-    if method == "tables":
+    n_beta = int(n_beta or default_n_beta(l_in))
+    if wigner is not None:
+        if wigner.shape[:2] != (l_in + 1, len(PAIRS)):
+            raise ValueError(f"lensed_spectra: a Wigner table of shape {wigner.shape} does not "
+                             f"serve unlensed spectra to {l_in} (WignerTables.build({l_in}, "
+                             "n_beta) does)")
+        return _lensed_tabled(tt, ee, te, pp, wigner, l_max=int(l_max))
+    if resolve_method(method) == "tables":
         if isinstance(tt, jax.core.Tracer):
             raise ValueError("lensed_spectra: method='tables' keeps a table for the process and "
                              "cannot be traced (it would become a constant of the program); "
-                             "use method='recurrence' inside jit, grad or vmap")
+                             "pass its array as wigner=, an argument of the program, or use "
+                             "method='recurrence' inside jit, grad or vmap")
         table = WignerTables.cached(l_in, n_beta)
         return _lensed_tabled(tt, ee, te, pp, table.d, l_max=int(l_max))
     return _lensed(tt, ee, te, pp, l_max=int(l_max), n_beta=n_beta)

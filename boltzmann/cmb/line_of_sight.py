@@ -31,19 +31,7 @@ import numpy as np
 from . import bessel
 from .sampling import ClSampling, TransferWindow, spline_matrix
 
-__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch",
-           "default_reduction", "REDUCTIONS"]
-
-#: how the sums over the source times are taken: a matrix product of the integrand with the
-#: trapezoid weights ("dot"), or an elementwise product and a sum that XLA fuses with the
-#: Bessel values and sources into one pass ("sum"; no (k, τ) slab is written to memory)
-REDUCTIONS = ("dot", "sum")
-
-
-def default_reduction() -> str:
-    """"dot" on a CPU (XLA:CPU vectorises its dot, not its fused reductions: "sum" was 2×
-    slower there, docs/cmb.md), "sum" on a GPU."""
-    return "dot" if jax.default_backend() == "cpu" else "sum"
+__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch"]
 
 def multipole_batch(width: int, n_tau: int, copies: int = 1) -> int:
     """Multipoles per iteration of the line of sight's loops when the caller gives none: 1 on
@@ -90,14 +78,7 @@ def fine_sources(src, k_fine, degree: int = ClSampling.k_spline_degree):
     return {name: m @ getattr(src, name) for name in ("t0", "t1", "t2", "e", "phi")}
 
 
-def _weighted_sum(integrand, w, reduction: str):
-    """Σ_i integrand[..., i] w_i: a matrix product (``"dot"``) or a reduction XLA can fuse with
-    the integrand's arithmetic (``"sum"``; ``REDUCTIONS``)."""
-    return integrand @ w if reduction == "dot" else jnp.sum(integrand * w, axis=-1)
-
-
-def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int = 1,
-                 reduction: str = "dot"):
+def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int = 1):
     """Δ^T, Δ^E (len(ils), K) of the multipoles ``ils``, each integrated over the ``width``
     transfer wavenumbers from its ``starts`` entry and kept on its window [lo, hi) (zero
     elsewhere in its row); ``batch`` multipoles per iteration."""
@@ -113,8 +94,8 @@ def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int 
         pref_e = jnp.sqrt((ell + 2.0) * (ell + 1.0) * ell * (ell - 1.0))
         index = start + jnp.arange(width)
         keep = (index >= first) & (index < end)
-        t = jnp.where(keep, _weighted_sum(s0 * j + s1 * dj + s2 * d2j, w, reduction), 0.0)
-        e = jnp.where(keep, pref_e * _weighted_sum(se * j_x2, w, reduction), 0.0)
+        t = jnp.where(keep, (s0 * j + s1 * dj + s2 * d2j) @ w, 0.0)
+        e = jnp.where(keep, pref_e * ((se * j_x2) @ w), 0.0)
         row = jnp.zeros(n_k, t.dtype)
         return (jax.lax.dynamic_update_slice_in_dim(row, t, start, 0),
                 jax.lax.dynamic_update_slice_in_dim(row, e, start, 0))
@@ -123,11 +104,11 @@ def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int 
                        batch_size=batch if batch > 1 else None)
 
 
-def _phi_rows(table, ils, x, w, s_phi, batch: int = 1, reduction: str = "dot"):
+def _phi_rows(table, ils, x, w, s_phi, batch: int = 1):
     """Δ^φ (len(ils), K_φ) on the lensing potential's k grid (x: (K_φ, S)); ``batch``
     multipoles per iteration."""
-    return jax.lax.map(lambda il: _weighted_sum(s_phi * bessel.j_only(table, il, x), w, reduction),
-                       jnp.asarray(ils), batch_size=batch if batch > 1 else None)
+    return jax.lax.map(lambda il: (s_phi * bessel.j_only(table, il, x)) @ w, jnp.asarray(ils),
+                       batch_size=batch if batch > 1 else None)
 
 
 def _grouped(idx, window, n_k):
@@ -143,16 +124,11 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
                        late_cut_tau: float | None = None, l_limber: int = 100,
                        window: TransferWindow | None = None,
                        spline_degree: int = ClSampling.k_spline_degree,
-                       batch: int | None = None, reduction: str | None = None) -> Transfers:
+                       batch: int | None = None) -> Transfers:
     """Δ_ℓ^T, Δ_ℓ^E (and Δ_ℓ^φ for ℓ ≤ l_limber) of the sources ``src`` (a SourceGrid), each
     multipole over its ``window`` of the k grid (sampling.transfer_window; None: all of it);
     the sources reach the k grid by the spline of ``spline_degree`` in ln k. ``batch``:
-    multipoles per loop iteration (None: ``multipole_batch``); ``reduction``: how the τ sums
-    are taken (``REDUCTIONS``; None: ``default_reduction``)."""
-    reduction = default_reduction() if reduction is None else reduction
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"transfer_functions: reduction must be one of {REDUCTIONS}, "
-                         f"got {reduction!r}")
+    multipoles per loop iteration (None: ``multipole_batch``)."""
     ells = np.asarray(ells)
     if not np.array_equal(np.asarray(table.ells), ells):
         raise ValueError("transfer_functions: the Bessel table must hold exactly ``ells``")
@@ -182,19 +158,19 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
     if late.size:
         group = _grouped(late, window, k.size)
         t, e = _window_rows(table, *group, kj, chi, w, fine,
-                            batch=per_iteration(group[2], tau.shape[0]), reduction=reduction)
+                            batch=per_iteration(group[2], tau.shape[0]))
         T, E = T.at[late].set(t), E.at[late].set(e)
     if early.size:
         cut = {name: v[:, :n_cut] for name, v in fine.items()}
         group = _grouped(early, window, k.size)
         t, e = _window_rows(table, *group, kj, chi[:n_cut], trapezoid(tau[:n_cut]), cut,
-                            batch=per_iteration(group[2], n_cut), reduction=reduction)
+                            batch=per_iteration(group[2], n_cut))
         T, E = T.at[early].set(t), E.at[early].set(e)
     with_p = np.nonzero(ells <= l_limber)[0]
     ip = window.phi_indices(k.size)
     P = None
     if with_p.size:
         P = _phi_rows(table, with_p, kj[ip][:, None] * chi[None, :], w, fine["phi"][ip],
-                      batch=per_iteration(ip.size, tau.shape[0]), reduction=reduction)
+                      batch=per_iteration(ip.size, tau.shape[0]))
     return Transfers(ells=ells, k=np.asarray(k), T=T, E=E, ells_p=ells[with_p], P=P,
                      k_p=np.asarray(k)[ip])
