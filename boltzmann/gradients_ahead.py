@@ -5,8 +5,10 @@ after it. A later process spends much of the Jacobian's wait loading programs an
 stored, which need not wait for the main job:
 
 * ``preload`` loads the stored inputs and solve programs in background threads while the main
-  job runs. What is not stored is not compiled there (a first run): on a CPU-only machine that
-  would add the compile's gigabytes to the process's peak. Nor is the inputs stage computed
+  job runs. In a first run (nothing stored) it compiles the inputs program there only on a GPU
+  machine, whose host CPU runs that program and has memory to spare: there its XLA:CPU compile
+  (most of the first Jacobian's wait) runs beside the main job's kernel compile. On a CPU-only
+  machine it would add the compile's gigabytes to the process's peak. Nor is the inputs stage computed
   ahead on a GPU machine's host: in a second process with it, the main job's host tables took 8.7 s and
   its perturbation stage 8.7 s (NVIDIA H100), against about 1 s each in earlier second
   processes without it (docs/benchmarks.md), more than the Jacobian's wait it removed;
@@ -83,11 +85,13 @@ class AheadOfCall:
     def preload(self, theta=None) -> bool:
         """Start loading the Jacobian's stored programs, a background thread each -- the inputs
         program (on the host CPU where the inputs run there) and the solve program -- when an
-        earlier process stored them (``solver.persisted``), and return True; False, having
-        started no thread, when the inputs program is not stored. On a CUDA backend that keeps
-        a kernel cache, also start the helper process that compiles the sensitivity kernel
-        unless an earlier one stored it (``boltzmann.kernel_helper``; a process apart, so it
-        returns no flag).
+        earlier process stored them (``solver.persisted``), and return True. When the inputs
+        program is not stored: where the inputs run on a GPU machine's host
+        (``inputs_on_host``), start a thread that traces, stores and compiles it
+        (``PersistedProgram.load(build=True)``) and return True; elsewhere return False, having
+        started no thread. On a CUDA backend that keeps a kernel cache, also start the helper
+        process that compiles the sensitivity kernel unless an earlier one stored it
+        (``boltzmann.kernel_helper``; a process apart, so it returns no flag).
 
         Why: a later process spends most of its wait before the Jacobian loading its programs
         -- XLA:CPU rebuilding each program's instruction list, single-threaded and with the
@@ -104,8 +108,11 @@ class AheadOfCall:
         with jax.default_device(cpu) if cpu is not None else contextlib.nullcontext():
             shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
         if shapes is None:
-            return False
-        loads = [(self._jit_inputs_jvp, (placed,))]
+            if not self.inputs_on_host or cpu is None:
+                return False
+            self._start_loads([(self._jit_inputs_jvp, (placed,), True)], cpu)
+            return True
+        loads = [(self._jit_inputs_jvp, (placed,), False)]
         (table, rows, y0, _), (dtable, drows, dy0, _) = shapes
         arrays = (table, rows, y0, dtable, drows, dy0)
         if self._chunk_groups is not None:
@@ -113,20 +120,29 @@ class AheadOfCall:
         args = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=solve_sharding())
                      for a in arrays)
         if self._jit_solve_jvp.has_stored(*args):
-            loads.append((self._jit_solve_jvp, args))
+            loads.append((self._jit_solve_jvp, args, False))
+        self._start_loads(loads, cpu)
+        return True
 
-        def load(program, program_args):
+    def _start_loads(self, loads, cpu) -> None:
+        """A background thread per (program, its arguments, build) of ``loads``: the program
+        loaded (and with ``build`` compiled when not stored), the inputs program under the
+        default device its call uses (``_host_inputs``); ``_preloading`` holds the threads."""
+        inputs = self._jit_inputs_jvp
+
+        def load(program, program_args, build):
+            on_host = cpu is not None and program is inputs
             try:
-                program.load(*program_args)
+                with jax.default_device(cpu) if on_host else contextlib.nullcontext():
+                    program.load(*program_args, build=build)
             except Exception as exc:  # noqa: BLE001 - the call then loads or compiles it itself
                 log.warning("preloading a Jacobian program failed (%s: %s)",
                             type(exc).__name__, exc)
 
-        self._preloading = tuple(threading.Thread(target=load, args=pair, daemon=True,
-                                                  name="boltzmann-preload") for pair in loads)
+        self._preloading = tuple(threading.Thread(target=load, args=entry, daemon=True,
+                                                  name="boltzmann-preload") for entry in loads)
         for thread in self._preloading:
             thread.start()
-        return True
 
     def _inputs_theta(self, theta):
         """(the host CPU device the inputs stage runs on, or None where it runs where θ is; θ

@@ -245,16 +245,18 @@ class PersistedProgram:
         site = self._site(args)
         return site is not None and site.path is not None and site.path.is_file()
 
-    def load(self, *args) -> bool:
+    def load(self, *args, build: bool = False) -> bool:
         """Make the program for arguments like ``args`` (values, or shape structs with the
         sharding of the values it will be called with) ready to run -- deserialised from the
         store and its executable loaded from XLA's cache -- without running it; False, having
-        done nothing, when the store has no such program.
+        done nothing, when the store has no such program. With ``build``, a program the store
+        lacks is traced, exported, stored and compiled instead (False only where it cannot be
+        persisted: then the call compiles it by plain jit).
 
         For a background thread: a later process can load the largest program while it computes
-        something else (``boltzmann.gradients.PowerSpectrumFunction.preload``). What is not
-        stored is not compiled here, since compiling beside the caller's own work would add the
-        compile's memory to the caller's peak."""
+        something else (``boltzmann.gradients.PowerSpectrumFunction.preload``). ``build`` is
+        for a first process whose machine has memory to spare beside the caller's own work (a
+        GPU machine's host): compiling adds the compile's memory to the caller's peak."""
         with self._lock:
             site = self._site(args)
             if site is None:
@@ -262,11 +264,18 @@ class PersistedProgram:
             if isinstance(self._programs.get(site.slot), jax.stages.Compiled):
                 return True
             exported = self._read_exported(site.path)
-            if exported is None:
+            if exported is not None:
+                program = jax.jit(exported.call)
+            elif build and site.path is not None:
+                program = self._programs.get(site.slot) or self._build(site)
+                if program is self._jit:
+                    self._programs[site.slot] = program
+                    return False
+            else:
                 return False
             # lowered from the leaves as given: their shardings are part of XLA's cache key,
             # so shape structs must carry those of the arrays the program will be called with
-            self._programs[site.slot] = jax.jit(exported.call).lower(*site.leaves).compile()
+            self._programs[site.slot] = program.lower(*site.leaves).compile()
             return True
 
     def release(self) -> None:

@@ -385,11 +385,12 @@ def test_solve_device_follows_a_default_device_context():
         assert solve_device() == jax.devices("cpu")[0]
 
 
-def test_preload_loads_the_inputs_and_solve_programs_in_threads_of_their_own():
+def test_preload_loads_the_inputs_and_solve_programs_in_threads_of_their_own(monkeypatch):
     """``preload`` starts a load per stored Jacobian program -- the inputs program with θ as
     ``jacobian`` passes it, the solve program with shape structs of the inputs' outputs -- and
-    ``_wait_for_preload`` joins them; a solve program not stored is not loaded (nor compiled),
-    and with no stored inputs program nothing starts."""
+    ``_wait_for_preload`` joins them; a solve program not stored is not loaded (nor compiled).
+    With no stored inputs program nothing starts on a CPU-only machine, and on a GPU machine
+    (inputs on the host CPU) one thread builds the inputs program (``load(build=True)``)."""
     import threading
 
     import jax
@@ -407,8 +408,8 @@ def test_preload_loads_the_inputs_and_solve_programs_in_threads_of_their_own():
         def has_stored(self, *args):
             return self.stored
 
-        def load(self, *args):
-            self.loads.append((threading.current_thread().name, args))
+        def load(self, *args, build=False):
+            self.loads.append((threading.current_thread().name, args, build))
             return True
 
     def shape(*s):
@@ -432,8 +433,9 @@ def test_preload_loads_the_inputs_and_solve_programs_in_threads_of_their_own():
     assert len(fn._preloading) == 2
     fn._wait_for_preload()
     assert fn._preloading == ()
-    (where_in, (theta,)), = fn._jit_inputs_jvp.loads
-    (where_solve, solve_args), = fn._jit_solve_jvp.loads
+    (where_in, (theta,), build_in), = fn._jit_inputs_jvp.loads
+    (where_solve, solve_args, build_solve), = fn._jit_solve_jvp.loads
+    assert build_in is build_solve is False
     assert where_in == where_solve == "boltzmann-preload"
     np.testing.assert_array_equal(np.asarray(theta), np.asarray(fn.theta0))
     assert [a.shape for a in solve_args] == [(1, 5), (1, 3, 2), (1, 3, 4), (2, 1, 5),
@@ -447,3 +449,15 @@ def test_preload_loads_the_inputs_and_solve_programs_in_threads_of_their_own():
     fn = Fn(solve_stored=True, inputs_stored=False)
     assert fn.preload() is False and fn._preloading == ()
     assert fn._jit_inputs_jvp.loads == [] and fn._jit_solve_jvp.loads == []
+
+    # a GPU machine (mocked: the host CPU device is the CPU): the inputs program is built ahead
+    from boltzmann import gradients_ahead
+
+    monkeypatch.setattr(gradients_ahead, "host_cpu", lambda: jax.devices("cpu")[0])
+    fn = Fn(solve_stored=True, inputs_stored=False)
+    fn.inputs_on_host = True
+    assert fn.preload() is True and len(fn._preloading) == 1
+    fn._wait_for_preload()
+    (where_in, (theta,), build_in), = fn._jit_inputs_jvp.loads
+    assert where_in == "boltzmann-preload" and build_in is True
+    assert theta.devices() == {jax.devices("cpu")[0]} and fn._jit_solve_jvp.loads == []

@@ -128,6 +128,36 @@ def test_load_in_a_background_thread_makes_the_call_run_the_loaded_executable(st
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_load_with_build_traces_stores_and_compiles_a_missing_program(store):
+    """``load(build=True)`` (what ``preload`` runs in a first process on a GPU machine) traces a
+    program the store lacks once, stores it and compiles it; the call then runs that executable
+    without tracing again, bit for bit as plain jit, and a later instance loads the entry. Where
+    nothing can be persisted (no store) it does nothing and says so."""
+    import threading
+
+    x, p = jnp.linspace(0.0, 1.0, 7), (jnp.float64(2.0), 0.5)
+    fn, calls = _counting(_program)
+    program = PersistedProgram(fn, ("test", "build"))
+    built = []
+    thread = threading.Thread(target=lambda: built.append(program.load(x, p, build=True)))
+    thread.start()
+    thread.join()
+    assert built == [True] and len(calls) == 1 and len(_entries(store)) == 1
+    assert any(isinstance(v, jax.stages.Compiled) for v in program._programs.values())
+    out = program(x, p)
+    assert len(calls) == 1                                   # the call traced nothing
+    assert program.load(x, p, build=True) is True and len(calls) == 1
+    plain = jax.jit(_program)(x, p)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(plain)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    later, calls_later = _counting(_program)
+    before = dict(persisted.STATS)
+    assert PersistedProgram(later, ("test", "build")).load(x, p, build=True) is True
+    assert calls_later == [] and persisted.STATS["loaded"] == before["loaded"] + 1
+    set_program_store(None)
+    assert PersistedProgram(_program, ("test", "build")).load(x, p, build=True) is False
+
+
 def test_lower_bypasses_the_store(store):
     """``lower`` gives the plain jit's lowering (for measuring a program): it writes nothing,
     and the compiled program computes what the program does."""
