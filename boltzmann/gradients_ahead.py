@@ -8,10 +8,11 @@ stored, which need not wait for the main job:
   job runs. In a first run (nothing stored) it compiles the inputs program there only on a GPU
   machine, whose host CPU runs that program and has memory to spare: there its XLA:CPU compile
   (most of the first Jacobian's wait) runs beside the main job's kernel compile. On a CPU-only
-  machine it would add the compile's gigabytes to the process's peak. Nor is the inputs stage computed
-  ahead on a GPU machine's host: in a second process with it, the main job's host tables took 8.7 s and
-  its perturbation stage 8.7 s (NVIDIA H100), against about 1 s each in earlier second
-  processes without it (docs/benchmarks.md), more than the Jacobian's wait it removed;
+  machine it would add the compile's gigabytes to the process's peak. Nor is the inputs stage
+  computed ahead on a GPU machine's host: in a second process with it, the main job's host
+  tables took 8.7 s and its perturbation stage 8.7 s (NVIDIA H100), against about 1 s each in
+  earlier second processes without it (docs/benchmarks.md), more than the Jacobian's wait it
+  removed;
 * ``_solve_groups`` runs the JAX backend's chunk groups of the joint solve at the same time;
 * on a CUDA backend with a kernel cache, ``preload`` also starts a helper process that compiles
   the sensitivity kernel while the main job runs (``boltzmann.kernel_helper``, using
