@@ -26,6 +26,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from boltzmann import recombination as rec
 from boltzmann.small_linalg import lu_factor_small, lu_solve_small
@@ -72,7 +73,9 @@ def _integrate(rhs, t_lo, t_hi, y0, stage_args, params, loops):
 
 
 def _step_map(rhs, t0, t1, y, z, stage_args, params, d_stage_args, d_params):
-    """(Φ, β) of one step (see the module docstring) at its converged stage increments ``z``.
+    """The stage increments' tangent map of one step at its converged ``z``: dZ = P dy_n + q
+    with P = M⁻¹ h (A ⊗ J) E (2n × n) and q = M⁻¹ h (A ⊗ I) g (2n); the module docstring's Φ
+    and β are I + P's and q's second block (y_{n+1} = y_n + Z_2).
 
     M is small (6 × 6 for the three recombination states): straight-line LU (``small_linalg``)
     rather than LAPACK, whose batched calls under this vmap share XLA:CPU's thread pool and can
@@ -95,15 +98,26 @@ def _step_map(rhs, t0, t1, y, z, stage_args, params, d_stage_args, d_params):
     G = h * jnp.concatenate([A[0, 0] * g[0] + A[0, 1] * g[1], A[1, 0] * g[0] + A[1, 1] * g[1]])
     lu = lu_factor_small(M)
     columns = jax.vmap(lambda col: lu_solve_small(lu, col), in_axes=1, out_axes=1)
-    phi = eye + columns(R)[n:]
-    beta = lu_solve_small(lu, G)[n:]
-    return phi, beta
+    return columns(R), lu_solve_small(lu, G)
+
+
+def _collocation_derivative(t_lo, t_hi, zs):
+    """dy/dt at every step's end from its stage increments: the collocation polynomial's
+    derivative at c = 1, ((A⁻¹ ⊗ I) Z)_2 / h, which equals rhs(t_hi, y_{n+1}) once the stages
+    solve the collocation equations exactly. Why not the rhs itself: where the system is stiff
+    (rates ~1e8 per unit t) the rhs multiplies the Newton iteration's residual by the rates, while
+    this divides it by h."""
+    a_inv = np.linalg.inv(np.asarray(rec.RADAU_A))[1]
+    h = (t_hi - t_lo)[:, None]
+    return (a_inv[0] * zs[..., 0, :] + a_inv[1] * zs[..., 1, :]) / h
 
 
 def radau_path(rhs: Callable, t_lo, t_hi, y0, stage_args, params, loops):
-    """The states at ``t_hi`` (N, n) of y' = rhs(t, y, s, params) from y(t_lo[0]) = y0, one Radau
-    IIA step per cell [t_lo[n], t_hi[n]]; ``stage_args`` = (s at t_lo + c_0 h, s at t_hi), each
-    (N,) — what the rhs reads that depends on time alone, computed by the caller for every step.
+    """(states, d/dt) at ``t_hi`` (each (N, n)) of y' = rhs(t, y, s, params) from
+    y(t_lo[0]) = y0, one Radau IIA step per cell [t_lo[n], t_hi[n]]; ``stage_args`` = (s at
+    t_lo + c_0 h, s at t_hi), each (N,) — what the rhs reads that depends on time alone,
+    computed by the caller for every step. The derivatives are the collocation polynomial's
+    (``_collocation_derivative``).
 
     Differentiable in ``y0``, ``stage_args`` and ``params`` (a pytree of float scalars) by the
     linearised recurrence of the module docstring; ``t_lo``/``t_hi`` are the fixed grid (no
@@ -111,7 +125,8 @@ def radau_path(rhs: Callable, t_lo, t_hi, y0, stage_args, params, loops):
     """
     @jax.custom_jvp
     def path(y0, stage_args, params):
-        return _integrate(rhs, t_lo, t_hi, y0, stage_args, params, loops)[0]
+        ys, zs = _integrate(rhs, t_lo, t_hi, y0, stage_args, params, loops)
+        return ys, _collocation_derivative(t_lo, t_hi, zs)
 
     @path.defjvp
     def path_jvp(primals, tangents):
@@ -122,8 +137,15 @@ def radau_path(rhs: Callable, t_lo, t_hi, y0, stage_args, params, loops):
         step_maps = jax.vmap(
             lambda t0, t1, y, z, s0, s1, ds0, ds1: _step_map(
                 rhs, t0, t1, y, z, (s0, s1), params, (ds0, ds1), d_params))
-        phi, beta = step_maps(t_lo, t_hi, y_prev, zs, stage_args[0], stage_args[1],
-                              d_stage_args[0], d_stage_args[1])
-        return ys, affine_recurrence(phi, beta, dy0)
+        dz_dy, dz_free = step_maps(t_lo, t_hi, y_prev, zs, stage_args[0], stage_args[1],
+                                   d_stage_args[0], d_stage_args[1])
+        n = y0.shape[0]
+        phi = jnp.eye(n) + dz_dy[:, n:]
+        dys = affine_recurrence(phi, dz_free[:, n:], dy0)
+        dy_prev = jnp.concatenate([dy0[None], dys[:-1]])
+        dzs = jnp.einsum("sij,sj->si", dz_dy, dy_prev) + dz_free
+        dzs = dzs.reshape(dzs.shape[0], 2, n)
+        return ((ys, _collocation_derivative(t_lo, t_hi, zs)),
+                (dys, _collocation_derivative(t_lo, t_hi, dzs)))
 
     return path(y0, tuple(stage_args), params)

@@ -250,28 +250,33 @@ def thermodynamics_from_hubble(
     c_stage = jnp.asarray(rec.RADAU_C)
     h_stage = [hubble(jnp.exp(t_lo + c_stage[i] * (t_hi - t_lo))) for i in range(2)]
 
-    y_start = early_state(lna[i_ode])
-    ys_steps = jnp.concatenate([y_start[None], radau_path(rhs_A_given_h, t_lo, t_hi, y_start,
-                                                          h_stage, p, loops)])
-    stepped = len(ode_nodes) == len(lna_np) - i_ode        # a step ends at every node
-    if stepped:
-        ys_ode = ys_steps
-        dys_ode = jax.vmap(rhs_A)(lna[i_ode:], ys_ode)
-    else:
-        # between step ends, the cubic Hermite through the ends' states and their exact
-        # derivatives (the rhs there), and the Hermite's own derivative: the stiff rhs at an
-        # interpolated state would amplify the interpolation error by the rates (up to ~1e8 H)
-        dys_steps = jax.vmap(rhs_A)(lna[ode_nodes], ys_steps)
-        ys_ode, dys_ode = _fill_nodes(lna_np, ode_nodes, ys_steps, dys_steps)
     # the early state with its first and second d/dlna in one trace (the second is what the
-    # sound speed's derivative reads below): each separate trace of the Saha start under the
-    # Jacobian's tangents is another copy of it in the program
+    # sound speed's derivative reads below), through the first ODE node: each separate trace of
+    # the Saha start under the Jacobian's tangents is another copy of it in the program
     def early_jet(t):
         (y, dy), (_, ddy) = jax.jvp(lambda s: jax.jvp(early_state, (s,), (jnp.ones_like(s),)),
                                     (t,), (jnp.ones_like(t),))
         return y, dy, ddy
 
-    ys_early, dys_early, ddys_early = jax.vmap(early_jet)(lna[:i_ode])
+    ys_early, dys_early, ddys_early = jax.vmap(early_jet)(lna[:i_ode + 1])
+
+    # the states at the step ends and their d/dlna from the collocation polynomial: the stiff
+    # rhs there would multiply the Newton iteration's residual by the rates (up to ~1e8 H). At
+    # the first node, the early state's own derivative: the rhs at the Saha state is its
+    # relaxation onto the rate equations' quasi-equilibrium, over a far shorter ln a than a cell
+    y_start = ys_early[i_ode]
+    ys_path, dys_path = radau_path(rhs_A_given_h, t_lo, t_hi, y_start, h_stage, p, loops)
+    ys_steps = jnp.concatenate([y_start[None], ys_path])
+    dys_steps = jnp.concatenate([dys_early[i_ode][None], dys_path])
+    ys_early, dys_early, ddys_early = ys_early[:i_ode], dys_early[:i_ode], ddys_early[:i_ode]
+    stepped = len(ode_nodes) == len(lna_np) - i_ode        # a step ends at every node
+    if stepped:
+        ys_ode, dys_ode = ys_steps, dys_steps
+    else:
+        # between step ends, the cubic Hermite through the ends' states and derivatives, and the
+        # Hermite's own derivative: the stiff rhs at an interpolated state would amplify the
+        # interpolation error by the rates
+        ys_ode, dys_ode = _fill_nodes(lna_np, ode_nodes, ys_steps, dys_steps)
     ys_A = jnp.concatenate([ys_early, ys_ode])
     dys_A = jnp.concatenate([dys_early, dys_ode])
 

@@ -64,7 +64,39 @@ def _sequential(theta):
 
 def _linearised(theta):
     t_lo, t_hi, y0, stage, q = _problem(theta)
-    return radau_path(_stiff_rhs, t_lo, t_hi, y0, stage, q, LoopShape())
+    return radau_path(_stiff_rhs, t_lo, t_hi, y0, stage, q, LoopShape())[0]
+
+
+def _sequential_derivatives(theta):
+    """The step ends' collocation derivatives, (A⁻¹ Z)_2 / h, from the plain loop's stages."""
+    t_lo, t_hi, y0, stage, q = _problem(theta)
+
+    def step(y, xs):
+        t0, t1, s0, s1 = xs
+        y1, z = rec.radau_step(lambda t, u, s: _stiff_rhs(t, u, s, q), t0, y, t1 - t0,
+                               stage_args=((s0,), (s1,)), return_stages=True)
+        a_inv = jnp.linalg.inv(jnp.asarray(rec.RADAU_A))[1]
+        return y1, (a_inv[0] * z[0] + a_inv[1] * z[1]) / (t1 - t0)
+    return jax.lax.scan(step, y0, (t_lo, t_hi, stage[0], stage[1]))[1]
+
+
+def test_radau_path_derivatives_are_the_collocation_derivatives_and_their_tangents():
+    """The path's d/dt at the step ends is the collocation polynomial's, which equals the rhs at
+    the new state to the Newton iteration's residual; its tangents equal forward mode through
+    the loop's stages."""
+    theta = jnp.array([0.04, 1e4, 0.3, 0.1])
+    t_lo, t_hi, y0, stage, q = _problem(theta)
+    ys, dys = radau_path(_stiff_rhs, t_lo, t_hi, y0, stage, q, LoopShape())
+    np.testing.assert_allclose(np.asarray(dys), np.asarray(_sequential_derivatives(theta)),
+                               rtol=1e-12, atol=1e-12 * float(jnp.max(jnp.abs(dys))))
+    rhs_end = jax.vmap(lambda t, y, s: _stiff_rhs(t, y, s, q))(t_hi, ys, stage[1])
+    scale = float(jnp.max(jnp.abs(rhs_end)))
+    assert float(jnp.max(jnp.abs(dys - rhs_end))) < 1e-6 * scale
+    jac = jax.jacfwd(lambda th: radau_path(_stiff_rhs, *_problem(th), LoopShape())[1])(theta)
+    jac_ref = jax.jacfwd(_sequential_derivatives)(theta)
+    scale = np.abs(np.asarray(jac_ref)).max(axis=(0, 1))
+    err = np.abs(np.asarray(jac) - np.asarray(jac_ref)).max(axis=(0, 1)) / scale
+    assert np.all(err < 1e-6), err
 
 
 def test_radau_path_tangents_match_forward_mode_through_the_loop():
@@ -82,6 +114,27 @@ def test_radau_path_tangents_match_forward_mode_through_the_loop():
     g = jax.grad(lambda th: jnp.sum(_linearised(th)[-1] ** 2))(theta)
     g_ref = jax.grad(lambda th: jnp.sum(_sequential(th)[-1] ** 2))(theta)
     assert np.allclose(g, g_ref, rtol=1e-8, atol=0)
+
+
+def test_derivative_columns_are_smooth_after_the_saha_switch():
+    """Just after the rate equations take over from the Saha start (z = 4000 down to 3500, a
+    step per node), d x_e/dlna and d ln κ'/dlna are the solution's, not the stiff rhs at each
+    step's end (which multiplied the Newton iteration's residual by the rates into a noise of
+    ~5e-2 in d x_e/dlna, where x_e changes by 1e-6 per unit ln a): they match centred
+    differences of the tabulated x_e and ln κ'."""
+    H0 = 67.0 / 299792.458
+    hub = lambda a: H0 * jnp.sqrt(0.31 / a**3 + 9e-5 / a**4 + 0.69)  # noqa: E731
+    t = thermodynamics_from_hubble(hub, 0.0224, 0.245, 2.7255, 0.055)
+    lna = np.asarray(t.lna)
+    z = np.expm1(-lna)
+    inner = np.nonzero((z > 3500.0) & (z < 4100.0))[0]
+    # centred differences are off by h²/6 times the third derivative: 1-2 % of d x_e/dlna
+    # as helium recombination starts, 1e-6 of d ln κ'/dlna ≈ -2
+    for value, deriv, rel in ((t.x_e, t.dx_e, 2e-2), (t.ln_kappa_dot, t.dln_kappa_dot, 1e-4)):
+        v, d = np.asarray(value), np.asarray(deriv)
+        fd = (v[inner + 1] - v[inner - 1]) / (lna[inner + 1] - lna[inner - 1])
+        err = np.abs(d[inner] - fd) - rel * np.abs(fd)
+        assert np.max(err) < 1e-8, np.max(err)
 
 
 @pytest.mark.parametrize("stride", [1, 2])
