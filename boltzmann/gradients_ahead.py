@@ -109,7 +109,7 @@ class AheadOfCall:
         with jax.default_device(cpu) if cpu is not None else contextlib.nullcontext():
             shapes = self._jit_inputs_jvp.stored_output_shapes(theta)
         if shapes is None:
-            if not self.inputs_on_host or cpu is None:
+            if cpu is None:
                 return False
             self._start_loads([(self._jit_inputs_jvp, (placed,), True)], cpu)
             return True

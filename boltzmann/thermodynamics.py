@@ -236,9 +236,6 @@ def thermodynamics_from_hubble(
         return y.at[2].set(K / (1.0 + K))
 
     # ---- 2. pass A: rate equations without reionisation
-    def rhs_A(t, y):
-        return rec.recombination_rhs(t, y, p, hubble, settings)
-
     def rhs_A_given_h(t, y, h_at_t, p_):
         return rec.recombination_rhs(t, y, p_, lambda a: h_at_t, settings)
 

@@ -267,7 +267,7 @@ class PersistedProgram:
             if exported is not None:
                 program = jax.jit(exported.call)
             elif build and site.path is not None:
-                program = self._programs.get(site.slot) or self._build(site)
+                program = self._build(site)
                 if program is self._jit:
                     self._programs[site.slot] = program
                     return False

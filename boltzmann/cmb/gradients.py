@@ -133,7 +133,7 @@ class ClFunction:
         wigner = None
         if self.lensing and lensing_method == "tables":
             wigner = WignerTables.cached(self.l_max, default_n_beta(self.l_max)).d
-        self._bessel_rows = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj), wigner)
+        self._table_args = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj), wigner)
         self.l_limber = min(L_LIMBER, self.l_max)
         #: the solver calls: (mode indices, padded to the chunk size, photons controlled)
         self._chunks = plan.chunks(backend)
@@ -186,13 +186,13 @@ class ClFunction:
         values, tangents = jax.vmap(tangent, out_axes=(None, 0))(dys, drows, dtable, dbg)
         return values, tangents
 
-    def _spectra(self, srcs, bg, prim, bessel_rows):
+    def _spectra(self, srcs, bg, prim, table_args):
         """Sources (five (K, S) arrays) → the outputs (class docstring), traceable;
-        ``bessel_rows``: the Bessel table's (j, dj) and the lensing step's Wigner table (or
+        ``table_args``: the Bessel table's (j, dj) and the lensing step's Wigner table (or
         None), arguments of the program rather than constants compiled into it (hundreds of MB
         and GB)."""
         plan = self.plan
-        table = dataclasses.replace(self.bessel, j=bessel_rows[0], dj=bessel_rows[1])
+        table = dataclasses.replace(self.bessel, j=table_args[0], dj=table_args[1])
         src = SourceGrid(k=plan.k, tau=bg["tau"], x=plan.x, tau0=bg["tau0"],
                          tau_rec=bg["tau_rec"], t0=srcs[0], t1=srcs[1], t2=srcs[2], e=srcs[3],
                          phi=srcs[4], status=None, n_accepted=None, n_cmb=plan.n_cmb)
@@ -209,14 +209,14 @@ class ClFunction:
         out = {name: cl[name][:n] for name in self.names if name in self.spectra}
         if self.lensing:
             lensed = lensed_spectra(np.arange(2, self.l_max + 1), cl, self.l_out,
-                                    method="recurrence", wigner=bessel_rows[2])
+                                    method="recurrence", wigner=table_args[2])
             out.update({f"lensed_{name}": v for name, v in lensed.items()})
         return out
 
-    def _spectra_jvp(self, srcs, bg, prim, dsrcs, dbg, dprim, bessel_rows):
+    def _spectra_jvp(self, srcs, bg, prim, dsrcs, dbg, dprim, table_args):
         """(outputs, ∂outputs with the direction axis last), ``direction_block`` directions per
         pass (``lax.map`` over blocks bounds the memory of the line of sight's tangents)."""
-        spectra = functools.partial(self._spectra, bessel_rows=bessel_rows)
+        spectra = functools.partial(self._spectra, table_args=table_args)
         values = spectra(srcs, bg, prim)
         tangents = (dsrcs, dbg, dprim)
         m = jax.tree_util.tree_leaves(tangents)[0].shape[0]
@@ -264,7 +264,7 @@ class ClFunction:
             srcs = self._jit_sources(sol.ys, rows[pad], table, bg, self.plan.streaming[pad])
             pieces.append(tuple(s[:idx.size] for s in srcs))
         _raise_failures(failed)
-        return self._jit_spectra(self._scatter(pieces), bg, prim, self._bessel_rows)
+        return self._jit_spectra(self._scatter(pieces), bg, prim, self._table_args)
 
     def jacobian(self, theta=None) -> tuple[dict, dict]:
         """(values, jac): jac[name] has the output's shape + (len(θ),). On the JAX backend the
@@ -281,7 +281,7 @@ class ClFunction:
         srcs = self._scatter(pieces)
         dsrcs = tuple(jnp.moveaxis(d, 1, 0) for d in self._scatter(tangents))
         values, jac = self._jit_spectra_jvp(srcs, bg, prim, dsrcs, dbg, dprim,
-                                            self._bessel_rows)
+                                            self._table_args)
         bad = [name for name in values if not (np.all(np.isfinite(np.asarray(values[name])))
                                                and np.all(np.isfinite(np.asarray(jac[name]))))]
         if bad:

@@ -187,10 +187,20 @@ def _quadrature(n_beta: int):
     return np.arccos(mu), w
 
 
-def _deflection_weights(pp):
-    """(2ℓ+1)/4π ℓ(ℓ+1) C_ℓ^φφ at ℓ = 0..ℓ_in (0 at ℓ = 0)."""
+def _multiplicity(l_top: int):
+    """(2ℓ+1)/4π at ℓ = 0..l_top."""
+    return (2.0 * jnp.arange(l_top + 1, dtype=jnp.float64) + 1.0) / (4.0 * math.pi)
+
+
+def _deflection_weights(pp, fac):
+    """(2ℓ+1)/4π ℓ(ℓ+1) C_ℓ^φφ at ℓ = 0..ℓ_in (0 at ℓ = 0); ``fac``: ``_multiplicity``."""
     ells = jnp.arange(pp.shape[0], dtype=jnp.float64)
-    return (2.0 * ells + 1.0) / (4.0 * math.pi) * ells * (ells + 1.0) * pp
+    return fac * ells * (ells + 1.0) * pp
+
+
+def _pairs_of(table) -> dict:
+    """{pair: (ℓ, β) view} of a (ℓ, len(PAIRS), n_β) Wigner table."""
+    return {pair: table[:, i, :] for i, pair in enumerate(PAIRS)}
 
 
 def _correlation_terms(ell, s, c2, pre, shifts, d):
@@ -231,8 +241,8 @@ def _lensed(tt, ee, te, pp, *, l_max: int, n_beta: int):
     l_in = tt.shape[0] - 1
     beta, w = _quadrature(n_beta)
     w = jnp.asarray(w)
-    fac = (2.0 * jnp.arange(l_in + 1) + 1.0) / (4.0 * math.pi)
-    a = _deflection_weights(pp)
+    fac = _multiplicity(l_in)
+    a = _deflection_weights(pp, fac)
     zero = jnp.zeros(n_beta)
 
     # pass 1: deflection correlations
@@ -288,7 +298,7 @@ class WignerTables:
 
     def pairs(self) -> dict:
         """{pair: (l_top + 1, n_beta) view}."""
-        return {pair: self.d[:, i, :] for i, pair in enumerate(PAIRS)}
+        return _pairs_of(self.d)
 
 
 @functools.partial(jax.jit, static_argnames=("l_top", "n_beta"))
@@ -305,14 +315,15 @@ def _lensed_tabled(tt, ee, te, pp, table, *, l_max: int):
     n_beta = table.shape[2]
     _, w = _quadrature(n_beta)
     w = jnp.asarray(w)
-    d = {pair: table[:, i, :] for i, pair in enumerate(PAIRS)}
+    d = _pairs_of(table)
     l_in = tt.shape[0] - 1
-    a = _deflection_weights(pp)
+    fac = _multiplicity(l_in)
+    a = _deflection_weights(pp, fac)
     cgl, c2 = a @ d[(1, 1)], a @ d[(1, -1)]                      # pass 1
     s = 0.25 * (jnp.sum(a) - cgl)
     ell = jnp.arange(l_in + 1)[:, None]                          # pass 2: ℓ down, β across
     xi_t, xi_p, xi_m, xi_x = _correlation_terms(ell, s, c2, _prefactors(l_in), _shifts(s), d)
-    f = jnp.where(ell >= 2, (2.0 * ell + 1.0) / (4.0 * math.pi), 0.0)
+    f = jnp.where(ell >= 2, fac[:, None], 0.0)
     dxi = jnp.stack([jnp.sum(f * tt[ell] * xi_t, axis=0), jnp.sum(f * ee[ell] * xi_p, axis=0),
                      jnp.sum(f * ee[ell] * xi_m, axis=0), jnp.sum(f * te[ell] * xi_x, axis=0)])
     wd = 2.0 * math.pi * w * dxi                                 # pass 3
