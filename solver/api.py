@@ -36,7 +36,9 @@ def solve(rhs: Callable, y0, t_save, params, *, args=None, rtol: float = 1e-6,
     t0: scalar or (N,) start times (default: the first save time). t_end: scalar or (N,)
         (default: the last save time).
     rtol, atol: tolerances (atol scalar or (n,)); error_weights: (n,) non-negative weights in the
-        error norm — a zero removes that component from step-size control.
+        error norm — a zero removes that component from step-size control — or (N, n), a row
+        per trajectory (one launch for trajectories that control different components; each
+        row's norm is its own RMS over its positive weights).
     sparsity: optional (n, n) bool pattern, a superset of the true Jacobian structure; by default
         it is detected by tracing ``rhs``. linear_solver: "auto", "dense" or "sparse".
     backend: "jax", "cuda", "auto" (CUDA where it can run) or a Backend object

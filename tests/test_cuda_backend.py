@@ -106,6 +106,25 @@ def test_emulated_stage_forms_agree(monkeypatch, rolled):
     np.testing.assert_allclose(np.asarray(b.ys), np.asarray(ref.ys), rtol=1e-13, atol=0)
 
 
+def test_emulated_thread_kernel_per_trajectory_weights():
+    """The thread kernel reads its trajectory's row of (N, n) error weights: the JAX backend's
+    steps and statuses, values within the tolerance; the sensitivity solves refuse rows."""
+    from solver import solve_diff
+
+    prob, ts, rtol, atol = CASES["robertson"]
+    y0, params = _ensemble(prob, 3)
+    rows = np.array([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    a = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol, error_weights=rows)
+    b = solve(prob.rhs, y0, ts, params, rtol=rtol, atol=atol, error_weights=rows,
+              backend=EMULATED)
+    np.testing.assert_array_equal(b.n_accepted, np.asarray(a.n_accepted))
+    _compare(a, b, rtol, atol, bound=1e-2)
+    assert len(set(np.asarray(a.n_accepted).tolist())) > 1    # the rows change the steps
+    with pytest.raises(ValueError, match="per-trajectory weights are taken by solve"):
+        solve_diff(prob.rhs, jnp.asarray(y0), ts, jnp.asarray(params), rtol=rtol, atol=atol,
+                   error_weights=rows)
+
+
 @pytest.mark.parametrize("max_steps", [100_000, 30])
 def test_emulated_kernel_failures(max_steps):
     y0 = np.ones((3, 2))

@@ -191,21 +191,29 @@ def test_compile_result_falls_back_to_one_launch():
 
 
 @needs_gxx
-def test_parameters_packed_as_numba_cuda_mlir_expects():
-    """Through a real ffi_call: every kernel argument in KERNEL_ARGS order, arrays expanded."""
+@pytest.mark.parametrize("per_trajectory", [False, True])
+def test_parameters_packed_as_numba_cuda_mlir_expects(per_trajectory):
+    """Through a real ffi_call: every kernel argument in KERNEL_ARGS order, arrays expanded.
+    Shared error weights reach the kernel as one row with their count; per-trajectory weights
+    as a row each, divided by the square root of the row's count, with a count of 1."""
     from solver.backends.cuda.codegen import KERNEL_ARGS
 
     N, m = 3, 4
     y0 = np.tile(ROBERTSON.y0, (N, 1))
     params = np.tile(ROBERTSON.params, (N, 1))
     ts = np.array([0.0, 1.0, 10.0, 100.0])
+    w = np.array([1.0, 0.0, 1.0])
+    if per_trajectory:
+        w = np.array([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 2.0]])
     dump = np.asarray(_probe(ROBERTSON.rhs, y0, ts, params, rtol=1e-5, atol=1e-12,
-                             error_weights=np.array([1.0, 0.0, 1.0])))[0]
+                             error_weights=w))[0]
     n = 3
     shapes = {"y0": (N, n), "t0": (N,), "t_end": (N,), "t_save": (N, m), "params": (N, 3),
-              "args": (1,), "atol": (n,), "weights": (n,), "h0": (N,), "ys": (N, m, n),
+              "args": (1,), "atol": (n,), "weights": (N if per_trajectory else 1, n),
+              "h0": (N,), "ys": (N, m, n),
               "t_out": (N,), "status": (N,), "n_accepted": (N,), "n_rejected": (N,)}
-    scalars = {"rtol": _bits(1e-5), "n_weighted": _bits(2.0), "n_traj": N}
+    scalars = {"rtol": _bits(1e-5), "n_weighted": _bits(1.0 if per_trajectory else 2.0),
+               "n_traj": N}
     pos = 1
     for name in KERNEL_ARGS:
         if name in shapes:

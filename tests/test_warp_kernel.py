@@ -178,6 +178,49 @@ def test_emulated_warp_kernel_matches_jax_in_any_lane_order(eb_small):
         np.testing.assert_array_equal(runs[order].n_accepted, b.n_accepted)
 
 
+def test_per_trajectory_error_weights(eb_small):
+    """Error weights (N, n), a row per trajectory (the CMB sources' two groups of modes in one
+    launch): the emulated warp kernel takes the JAX backend's steps, and each trajectory is, to
+    rounding, its own solve with its row as the shared weights (each row is divided by the
+    square root of its count, so the norm is the same)."""
+    from boltzmann.cmb.sources import PHOTON_CONTROL
+
+    k, model, table, params, x0, y0, w = eb_small
+    wp = w.copy()
+    for name in PHOTON_CONTROL:
+        wp[model.index(name)] = 1.0
+    rows = np.stack([wp, w, wp])
+    assert (rows[0] > 0).sum() > (rows[1] > 0).sum()
+    xs = np.linspace(x0.max(), -9.0, 4)
+    kw = dict(args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL)
+    a = solve(model.rhs, y0, xs, params, error_weights=rows, **kw)
+    assert np.all(np.asarray(a.status) == Status.OK)
+    scale = np.maximum(np.abs(np.asarray(a.ys)), EB_ATOL / EB_RTOL)
+    for i in range(len(k)):
+        one = solve(model.rhs, y0[i:i + 1], xs, params[i:i + 1], error_weights=rows[i],
+                    args=table, t0=x0[i:i + 1], rtol=EB_RTOL, atol=EB_ATOL)
+        assert int(one.n_accepted[0]) == int(a.n_accepted[i])
+        rel = np.abs(np.asarray(one.ys)[0] - np.asarray(a.ys)[i]) / scale[i]
+        assert rel.max() <= 1e-9, (i, rel.max())
+    # the rows differ where it matters: the photon-controlled mode at k = 0.05 takes more steps
+    shared = solve(model.rhs, y0, xs, params, error_weights=w, **kw)
+    assert int(a.n_accepted[0]) >= int(shared.n_accepted[0])
+    assert int(a.n_accepted[2]) > int(shared.n_accepted[2])
+    b = solve(model.rhs, y0, xs, params, error_weights=rows,
+              backend=CudaBackend(launch="emulated"), **kw)
+    assert b.info["kernel"] == "warp"
+    np.testing.assert_array_equal(b.n_accepted, np.asarray(a.n_accepted))
+    ctrl = w > 0
+    rel = np.abs(np.asarray(b.ys)[..., ctrl] - np.asarray(a.ys)[..., ctrl]) / scale[..., ctrl]
+    assert rel.max() <= 1e-9, rel.max()
+    with pytest.raises(ValueError, match=r"shape \(\d+,\) or \(3, \d+\)"):
+        solve(model.rhs, y0, xs, params, error_weights=rows[:2], **kw)
+    bad = rows.copy()
+    bad[1] = 0.0
+    with pytest.raises(ValueError, match="in every row"):
+        solve(model.rhs, y0, xs, params, error_weights=bad, **kw)
+
+
 def test_emulated_warp_kernel_reports_failures(eb_small):
     k, model, table, params, x0, y0, w = eb_small
     xs = np.linspace(x0.max(), -9.0, 3)
@@ -249,7 +292,7 @@ def test_ffi_packs_the_lane_table_after_the_tables(eb_small):
     plan = build_warp_plan(model.rhs, n, params.shape[1], args=table)
     P = params.shape[1]
     shapes = {"y0": (N, n), "t0": (N,), "t_end": (N,), "t_save": (N, m), "params": (N, P),
-              "args": table.shape, "atol": (n,), "weights": (n,), "h0": (N,), "ys": (N, m, n),
+              "args": table.shape, "atol": (n,), "weights": (1, n), "h0": (N,), "ys": (N, m, n),
               "t_out": (N,), "status": (N,), "n_accepted": (N,), "n_rejected": (N,),
               "sched": plan.sched.shape, "sched_f": plan.sched_f.shape}
     pos = 1

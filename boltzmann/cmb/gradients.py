@@ -135,8 +135,12 @@ class ClFunction:
             wigner = WignerTables.cached(self.l_max, default_n_beta(self.l_max)).d
         self._table_args = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj), wigner)
         self.l_limber = min(L_LIMBER, self.l_max)
-        #: the solver calls: (mode indices, padded to the chunk size, photons controlled)
+        #: the Jacobian's solver calls: (mode indices, padded to the chunk size, photons
+        #: controlled), a group at a time
         self._chunks = plan.chunks(backend)
+        #: the value's solver calls: every mode, each with its group's error weights
+        self._launches = plan.launches(backend)
+        self._weight_rows = plan.error_weight_rows(self.model)
         self._program = source_program(self.model)
         self._jit_inputs = jax.jit(self._inputs)
         self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)
@@ -253,18 +257,19 @@ class ClFunction:
         solve failed."""
         table, rows, y0, bg, prim = self._jit_inputs(self._theta(theta))
         pieces, failed = [], []
-        weights = {c: error_weights(self.model, c) for c in (True, False)}
-        for idx, pad, controlled in self._chunks:
+        for idx, pad in self._launches:
             sol = solve(self.model.rhs, y0[pad], self.plan.x, rows[pad], args=table,
                         t0=self.plan.x0[pad], rtol=self.rtol, atol=self.atol,
-                        error_weights=weights[controlled], backend=self.backend,
+                        error_weights=self._weight_rows[pad], backend=self.backend,
                         max_steps=self.max_steps)
             status = np.asarray(sol.status)[:idx.size]
             failed += [float(self.plan.k[i]) for i in idx[status != 0]]
             srcs = self._jit_sources(sol.ys, rows[pad], table, bg, self.plan.streaming[pad])
             pieces.append(tuple(s[:idx.size] for s in srcs))
         _raise_failures(failed)
-        return self._jit_spectra(self._scatter(pieces), bg, prim, self._table_args)
+        sources = pieces[0] if len(pieces) == 1 else tuple(
+            jnp.concatenate(parts) for parts in zip(*pieces))   # launches are in mode order
+        return self._jit_spectra(sources, bg, prim, self._table_args)
 
     def jacobian(self, theta=None) -> tuple[dict, dict]:
         """(values, jac): jac[name] has the output's shape + (len(θ),). On the JAX backend the

@@ -182,14 +182,35 @@ class SourcePlan:
     low: np.ndarray
     streaming: np.ndarray
 
+    def error_weight_rows(self, model) -> np.ndarray:
+        """(K, n) the solver's error weights of every mode (``error_weights`` of its group): one
+        solve takes both groups, each mode with its own row."""
+        rows = {c: error_weights(model, c) for c in (True, False)}
+        return np.stack([rows[bool(c)] for c in self.low])
+
+    def launches(self, backend) -> list:
+        """[(mode indices, the same padded to the chunk size by repeating the last)]: the calls
+        of a plain solve, both groups together with per-mode error weights. The CUDA backend
+        takes every mode in one launch (a warp per mode: the launch lasts as long as its
+        slowest mode, so one launch instead of one per group halves the solve); the JAX
+        backend ``CHUNK`` modes a call (one compiled size)."""
+        K = self.k.size
+        size = K if resolve_backend(backend).name == "cuda" else CHUNK
+        out = []
+        for c in range(0, K, size):
+            idx = np.arange(c, min(c + size, K))
+            out.append((idx, np.concatenate([idx, np.full(size - idx.size, idx[-1])])))
+        return out
+
     def groups(self):
         """(mode indices, photons in error control) of the two solver groups."""
         return ((np.nonzero(self.low)[0], True), (np.nonzero(~self.low)[0], False))
 
     def chunks(self, backend) -> list:
         """[(mode indices, the same padded to the chunk size by repeating the last, photons in
-        error control)]: the solver calls. The JAX backend takes ``CHUNK`` modes a call (one
-        compiled size); the CUDA backend a whole group a launch (a thread per mode)."""
+        error control)]: the calls of a solve with tangents, one group at a time (the
+        sensitivity solves take one row of error weights). The JAX backend takes ``CHUNK``
+        modes a call (one compiled size); the CUDA backend a whole group a launch."""
         one_launch = resolve_backend(backend).name == "cuda"
         out = []
         for group, controlled in self.groups():
@@ -271,24 +292,21 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
     rows = np.asarray(modes.mode_rows(model, cosmos, k[None, :], grid))
     x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
 
-    solved, order = [], []       # states stay where the solver put them (the GPU): no copy
+    solved = []                  # states stay where the solver put them (the GPU): no copy
     status = np.empty(k.size, int)
     n_acc = np.empty(k.size, int)
-    for idx, pad, controlled in plan.chunks(backend):
+    weights = plan.error_weight_rows(model)
+    for idx, pad in plan.launches(backend):
         sol = solve(model.rhs, y0[pad], x, rows[pad], args=tables.model_table, t0=x0[pad],
                     rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
-                    error_weights=error_weights(model, controlled), backend=backend,
-                    max_steps=int(max_steps))
+                    error_weights=weights[pad], backend=backend, max_steps=int(max_steps))
         m = idx.size
         solved.append(sol.ys[:m])
-        order.append(idx)
         status[idx] = np.asarray(sol.status)[:m]
         n_acc[idx] = np.asarray(sol.n_accepted)[:m]
 
     bg = source_background(model, table_row, grid, plan)
-    inverse = np.empty(k.size, np.int64)
-    inverse[np.concatenate(order)] = np.arange(k.size)
-    ys = jnp.concatenate([jnp.asarray(y) for y in solved])[jnp.asarray(inverse)]
+    ys = solved[0] if len(solved) == 1 else jnp.concatenate([jnp.asarray(y) for y in solved])
     t0, t1, t2, e, phi = evaluate_sources(source_program(model), ys, x, jnp.asarray(rows),
                                           tables.model_table, bg, plan.streaming)
     return SourceGrid(k=k, tau=bg["tau"], x=x, tau0=float(bg["tau0"]), tau_rec=float(bg["tau_rec"]),

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = ["ValidatedInputs", "TraceableInputs", "validate_inputs", "validate_traceable",
-           "check_options", "require_x64", "is_tracer"]
+           "check_options", "norm_rows", "require_x64", "is_tracer"]
 
 
 class ValidatedInputs(NamedTuple):
@@ -29,7 +29,7 @@ class ValidatedInputs(NamedTuple):
     t0: np.ndarray          # (N,)
     t_end: np.ndarray       # (N,)
     atol: np.ndarray        # (n,)
-    weights: np.ndarray     # (n,)
+    weights: np.ndarray     # (n,), or (N, n) per trajectory
     first_step: np.ndarray  # (N,), NaN = automatic
 
 
@@ -61,8 +61,13 @@ def is_tracer(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def check_options(n: int, rtol, atol, error_weights, max_steps) -> tuple[np.ndarray, np.ndarray]:
-    """Check the static options of a solve of n variables; returns atol (n,) and weights (n,)."""
+def check_options(n: int, rtol, atol, error_weights, max_steps, *,
+                  n_traj: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Check the static options of a solve of n variables; returns atol (n,) and weights (n,).
+
+    ``n_traj``: the number of trajectories where the caller takes per-trajectory weights too --
+    ``error_weights`` may then be (N, n), one row per trajectory (``solve``; the sensitivity
+    solves take one row for all)."""
     if not (0 < rtol < 1):
         raise ValueError(f"rtol must be in (0, 1), got {rtol}")
     atol_a = np.broadcast_to(np.asarray(atol, np.float64), (n,)).copy() \
@@ -73,13 +78,34 @@ def check_options(n: int, rtol, atol, error_weights, max_steps) -> tuple[np.ndar
         w = np.ones(n)
     else:
         w = np.asarray(error_weights, np.float64)
-        if w.shape != (n,) or np.any(w < 0) or not np.all(np.isfinite(w)):
-            raise ValueError(f"error_weights must be a finite non-negative array of shape ({n},)")
-        if not np.any(w > 0):
-            raise ValueError("error_weights: at least one component must have a positive weight")
+        shapes = [(n,)] + ([(n_traj, n)] if n_traj is not None else [])
+        if w.shape not in shapes or np.any(w < 0) or not np.all(np.isfinite(w)):
+            allowed = " or ".join(str(x) for x in shapes)
+            raise ValueError(f"error_weights must be a finite non-negative array of shape "
+                             f"{allowed}, got shape {w.shape}"
+                             + ("" if n_traj is not None or w.ndim < 2 else
+                                " (per-trajectory weights are taken by solve(), not by the "
+                                "sensitivity solves)"))
+        if not np.all(np.any(w > 0, axis=-1)):
+            raise ValueError("error_weights: at least one component must have a positive weight"
+                             + (" in every row" if w.ndim == 2 else ""))
     if not (isinstance(max_steps, (int, np.integer)) and max_steps > 0):
         raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
     return atol_a, w
+
+
+def norm_rows(weights: np.ndarray) -> tuple[np.ndarray, float]:
+    """The error weights as the kernels and the ensemble loop take them: (rows, n_weighted).
+
+    The error norm is sqrt(Σ (w e / sc)² / n_weighted), n_weighted the number of positive
+    weights. Shared weights (n,) give one row and their count; per-trajectory weights (N, n)
+    may count differently per row, so each row is divided by the square root of its own count
+    and n_weighted is 1 -- the same norm, one scalar for the launch."""
+    w = np.asarray(weights, np.float64)
+    if w.ndim == 1:
+        return w[None, :], float(max(int(np.sum(w > 0)), 1))
+    counts = np.maximum(np.sum(w > 0, axis=1), 1).astype(np.float64)
+    return w / np.sqrt(counts)[:, None], 1.0
 
 
 def _normalise(xp, y0, t_save, params, t0, t_end):
@@ -137,8 +163,8 @@ def validate_inputs(y0, t_save, params, rtol, atol, t0, t_end, error_weights, ma
     """
     y0, params, ts, t0a, tea = _normalise(np, y0, t_save, params, t0, t_end)
     _check_values(y0, params, ts, t0a, tea)
-    atol_a, w = check_options(y0.shape[1], rtol, atol, error_weights, max_steps)
     N = y0.shape[0]
+    atol_a, w = check_options(y0.shape[1], rtol, atol, error_weights, max_steps, n_traj=N)
     h0 = np.full(N, np.nan) if first_step is None else \
         np.broadcast_to(np.asarray(first_step, np.float64), (N,))
     return ValidatedInputs(y0, params, ts, t0a, tea, atol_a, w, h0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...problem.inputs import validate_inputs
+from ...problem.inputs import norm_rows, validate_inputs
 from ...problem.sensitivity_spec import sec_weight
 from .tables import args_array
 
@@ -21,6 +21,7 @@ def kernel_inputs(v, rtol) -> dict:
     """The kernel's inputs from :class:`~solver.problem.ValidatedInputs` ``v``."""
     y0, params, ts, t0a, tea, atol_a, w, h0 = v
     N, n = y0.shape
+    rows, n_weighted = norm_rows(w)   # (1, n) shared or (N, n) per trajectory
     if params.shape[1] == 0:  # the kernel passes p as a tuple of length >= 1
         params_k = np.zeros((N, 1))
     else:
@@ -28,9 +29,9 @@ def kernel_inputs(v, rtol) -> dict:
     return dict(y0=np.ascontiguousarray(y0), t0=np.ascontiguousarray(t0a, dtype=np.float64),
                 t_end=np.ascontiguousarray(tea, dtype=np.float64),
                 t_save=np.ascontiguousarray(ts), params=np.ascontiguousarray(params_k),
-                rtol=float(rtol), atol=atol_a, weights=np.ascontiguousarray(w),
+                rtol=float(rtol), atol=atol_a, weights=np.ascontiguousarray(rows),
                 h0=np.ascontiguousarray(h0, dtype=np.float64),
-                n_weighted=float(max(int(np.sum(w > 0)), 1)), N=N, n=n, P=params.shape[1])
+                n_weighted=n_weighted, N=N, n=n, P=params.shape[1])
 
 
 def prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps, first_step):
@@ -46,6 +47,9 @@ def sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol, s
     s0 (m, N, n), dparams (m, N, P), dargs (m, *args.shape): any may be None (zero), at least
     one gives m.  dparams is padded like params (P = 0 -> one dummy column); without a
     differentiated table the kernel gets ONE all-zero tangent table (not m copies)."""
+    if np.ndim(error_weights) == 2:
+        raise ValueError("error_weights: the sensitivity solves take one row of shape (n,) for "
+                         "every trajectory, not per-trajectory weights")
     inp = prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps,
                   first_step)
     N, n, P = inp["N"], inp["n"], inp["P"]

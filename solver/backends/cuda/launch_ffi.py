@@ -25,8 +25,8 @@ import numpy as np
 from ...caches import Cache
 from ...method.controller import PIDController
 from ...method.tableau import RODAS5P
-from ...problem.inputs import (check_options, is_tracer, require_x64, validate_inputs,
-                               validate_traceable)
+from ...problem.inputs import (check_options, is_tracer, norm_rows, require_x64,
+                               validate_inputs, validate_traceable)
 from ...problem.solution import Solution
 from .codegen import KERNEL_ARGS
 from .ffi_kernel import RegisteredKernel, compile_and_register, expected_param_count, layout
@@ -53,8 +53,11 @@ class FfiLauncher:
                tableau, probe=False) -> "FfiConfig":
         ctrl = controller or PIDController()
         sp = None if sparsity is None else np.asarray(sparsity, bool)
+        # shared weights are constants of the call; per-trajectory rows are an operand
+        w = np.asarray(weights, np.float64)
+        wkey = "rows" if w.ndim == 2 else w.tobytes()
         key = (rhs, n, P, has_args, float(rtol), np.asarray(atol, np.float64).tobytes(),
-               np.asarray(weights, np.float64).tobytes(), int(max_steps),
+               wkey, int(max_steps),
                None if sp is None else sp.tobytes(), ctrl, tableau.name, probe, self.kernel)
         return self.configs.get_or_build(key, lambda: FfiConfig(
             self, rhs, n, P, has_args, rtol, atol, weights, max_steps, sp, ctrl, tableau, probe))
@@ -62,7 +65,8 @@ class FfiLauncher:
     def run(self, rhs, ops, atol_a, w, *, args, rtol, max_steps, sparsity, controller, tableau,
             probe=False, jit_eager=True):
         """The custom call on operands (y0, t0, t_end, t_save, params, h0) of a common leading
-        trajectory axis; returns (outputs, configuration)."""
+        trajectory axis and error weights ``w`` (n,) or (N, n); returns (outputs,
+        configuration)."""
         import jax
         import jax.numpy as jnp
 
@@ -82,11 +86,14 @@ class FfiLauncher:
         if leaves and not probe and not any(is_tracer(x) for x in (y0, t0a, params, leaves[0])):
             with jax.ensure_compile_time_eval():  # concrete values, perhaps inside an outer trace
                 cfg.check_split(y0, t0a, params, leaves[0])
+        traj = (y0, t0a, tea, ts, params, h0)
+        if cfg.row_weights:
+            traj += (jnp.asarray(norm_rows(w)[0], jnp.float64),)
         if jit_eager and not any(is_tracer(x) for x in (*ops, *leaves)):
             if cfg.jitted is None:
                 cfg.jitted = jax.jit(cfg.core)
-            return cfg.jitted(y0, t0a, tea, ts, params, h0, leaves), cfg
-        return cfg.core(y0, t0a, tea, ts, params, h0, leaves), cfg
+            return cfg.jitted(traj, leaves), cfg
+        return cfg.core(traj, leaves), cfg
 
     def solve_jax(self, rhs, y0, t_save, params, *, args=None, rtol: float = 1e-6, atol=1e-9,
                   t0=None, t_end=None, sparsity=None, error_weights=None,
@@ -152,8 +159,11 @@ class FfiConfig:
         self.rhs, self.n, self.P, self.has_args = rhs, n, P, has_args
         self.rtol = float(rtol)
         self.atol = np.asarray(atol, np.float64)
-        self.weights = np.asarray(weights, np.float64)
-        self.n_weighted = float(max(int(np.sum(self.weights > 0)), 1))
+        w = np.asarray(weights, np.float64)
+        #: per-trajectory weights: an operand of every call, not a constant of this one
+        self.row_weights = w.ndim == 2
+        #: the shared weights' row (1, n) (None with row_weights) and the norm's count
+        self.weight_rows, self.n_weighted = (None, 1.0) if self.row_weights else norm_rows(w)
         self.max_steps = int(max_steps)
         self.sparsity, self.controller, self.tableau = sparsity, controller, tableau
         self.probe = probe
@@ -173,7 +183,7 @@ class FfiConfig:
         if k is not None:
             return k
         codes = layout(self.kernel_args, len(leaves))
-        in_ranks = [2, 1, 1, 2, 2, 1, 1, 1] + [int(np.ndim(x)) for x in leaves]
+        in_ranks = [2, 1, 1, 2, 2, 1, 2, 1] + [int(np.ndim(x)) for x in leaves]
         if self.warp:
             in_ranks += [1, 1]    # sched, sched_f
         out_ranks = [3, 1, 1, 1, 1]
@@ -218,7 +228,7 @@ class FfiConfig:
         n, Pk, f8 = self.n, max(self.P, 1), np.float64
         vals = {"y0": np.zeros((1, n), f8), "t0": np.zeros(1, f8), "t_end": np.zeros(1, f8),
                 "t_save": np.zeros((1, 1), f8), "params": np.zeros((1, Pk), f8),
-                "rtol": float(self.rtol), "atol": np.zeros(n, f8), "weights": np.zeros(n, f8),
+                "rtol": float(self.rtol), "atol": np.zeros(n, f8), "weights": np.zeros((1, n), f8),
                 "h0": np.zeros(1, f8), "n_weighted": float(self.n_weighted),
                 "ys": np.zeros((1, 1, n), f8), "t_out": np.zeros(1, f8),
                 "status": np.zeros(1, np.int32), "n_accepted": np.zeros(1, np.int32),
@@ -273,44 +283,43 @@ def _operands(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_step
 
 
 def _make_core(cfg):
-    """custom_vmap'd solve over (y0, t0, t_end, t_save, params, h0, args_leaves), each with a
-    leading trajectory axis except the args leaves (shared by the launch)."""
+    """custom_vmap'd solve over ((y0, t0, t_end, t_save, params, h0[, weight rows]),
+    args_leaves): the first tuple with a leading trajectory axis, the args leaves shared by the
+    launch."""
     import jax
     import jax.numpy as jnp
 
     @jax.custom_batching.custom_vmap
-    def core(y0, t0, te, ts, params, h0, leaves):
-        return _ffi_solve(cfg, y0, t0, te, ts, params, h0, leaves)
+    def core(traj, leaves):
+        return _ffi_solve(cfg, traj, leaves)
 
     @core.def_vmap
-    def _fold(axis_size, in_batched, y0, t0, te, ts, params, h0, leaves):
-        per_traj = (y0, t0, te, ts, params, h0)
-        batched = in_batched[:6]
-        if any(jax.tree_util.tree_leaves(in_batched[6])):
+    def _fold(axis_size, in_batched, traj, leaves):
+        batched = in_batched[0]
+        if any(jax.tree_util.tree_leaves(in_batched[1])):
             # different tables per batch element cannot share one launch: one launch each
-            def one(xs):
-                return core(*xs[:6], xs[6])
             full = tuple(x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                         for x, b in zip(per_traj, batched))
+                         for x, b in zip(traj, batched))
             lv = tuple(x if b else jnp.broadcast_to(x, (axis_size,) + x.shape)
-                       for x, b in zip(leaves, in_batched[6]))
-            outs = jax.lax.map(one, full + (lv,))
+                       for x, b in zip(leaves, in_batched[1]))
+            outs = jax.lax.map(lambda xs: core(xs[0], xs[1]), (full, lv))
             return tuple(outs), (True,) * len(outs)
-        N = y0.shape[1] if batched[0] else y0.shape[0]
+        N = traj[0].shape[1] if batched[0] else traj[0].shape[0]
         folded = []
-        for x, b in zip(per_traj, batched):
+        for x, b in zip(traj, batched):
             if not b:
                 x = jnp.broadcast_to(x, (axis_size,) + x.shape)
             folded.append(x.reshape((axis_size * N,) + x.shape[2:]))
-        outs = core(*folded, leaves)  # core again: nested vmaps fold too
+        outs = core(tuple(folded), leaves)  # core again: nested vmaps fold too
         outs = tuple(o.reshape((axis_size, N) + o.shape[1:]) for o in outs)
         return outs, (True,) * len(outs)
 
     return core
 
 
-def _ffi_solve(cfg, y0, t0, te, ts, params, h0, leaves):
-    """One custom call on arrays with a common leading trajectory axis N."""
+def _ffi_solve(cfg, traj, leaves):
+    """One custom call on arrays with a common leading trajectory axis N: ``traj`` = (y0, t0,
+    t_end, t_save, params, h0[, weight rows])."""
     import jax
     import jax.numpy as jnp
 
@@ -320,10 +329,11 @@ def _ffi_solve(cfg, y0, t0, te, ts, params, h0, leaves):
     else:
         leaves_k = leaves
     kern = cfg.kernel(leaves_k)
+    y0, t0, te, ts, params, h0 = traj[:6]
     N, n = y0.shape
     m = ts.shape[1]
-    inputs = [y0, t0, te, ts, params, jnp.asarray(cfg.atol, f8), jnp.asarray(cfg.weights, f8),
-              h0, *leaves_k]
+    rows = traj[6] if cfg.row_weights else jnp.asarray(cfg.weight_rows, f8)
+    inputs = [y0, t0, te, ts, params, jnp.asarray(cfg.atol, f8), rows, h0, *leaves_k]
     tpb, lanes = THREADS_PER_BLOCK, 1
     if cfg.warp:
         plan = cfg.plan(leaves_k)

@@ -123,7 +123,8 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
     f(y, t, p, args) -> (n,) array; jac(y, t, p, args, h) -> (f, J in slot layout, ∂f/∂t) at the
     start of a step of size h (h lets a jac that differences in t scale its increment).
     Returned function: run(y0 (N,n), t0 (N,), t_end (N,), t_save (N,m), params (N,P), args,
-    rtol, atol (n,), weights (n,), h0 (N,) or NaN for automatic) -> EnsembleResult.
+    rtol, atol (n,), weights (n,) or (N, n) per trajectory, h0 (N,) or NaN for automatic)
+    -> EnsembleResult.
 
     ``lanes`` < N (or "auto", ``auto_lanes``): only that many trajectories advance together,
     and a lane whose trajectory has finished takes the next one waiting (``_refill_loop``). In
@@ -183,8 +184,15 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
 
     def run(y0, t0, t_end, t_save, params, args, rtol, atol, weights, h0):
         N, n = y0.shape
-        n_weighted = jnp.maximum(jnp.sum(weights > 0), 1)
-        h_auto = jax.vmap(initial_step, in_axes=(0, 0, 0, 0, None, None, None, None, None))(
+        rows = weights.ndim == 2      # per-trajectory weights (N, n): problem.inputs.norm_rows
+        if rows:
+            counts = jnp.maximum(jnp.sum(weights > 0, axis=1), 1).astype(weights.dtype)
+            weights = weights / jnp.sqrt(counts)[:, None]
+            n_weighted = jnp.ones((N,), weights.dtype)
+        else:
+            n_weighted = jnp.maximum(jnp.sum(weights > 0), 1)
+        w_ax = 0 if rows else None
+        h_auto = jax.vmap(initial_step, in_axes=(0, 0, 0, 0, None, None, None, w_ax, w_ax))(
             y0, t0, t_end, params, args, rtol, atol, weights, n_weighted)
         h = jnp.where(jnp.isnan(h0), h_auto, jnp.minimum(h0, t_end - t0))
         at_start = t_save <= t0[:, None]
@@ -193,7 +201,7 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
         ones = jnp.ones((N,), y0.dtype)
         zeros_i = jnp.zeros((N,), jnp.int32)
         state = (t0, y0, h, ones, ones, zeros_i, zeros_i, status, ys)
-        vstep = jax.vmap(step, in_axes=(0, 0, 0, 0, None, None, None, None, None))
+        vstep = jax.vmap(step, in_axes=(0, 0, 0, 0, None, None, None, w_ax, w_ax))
 
         def cond(st):
             return jnp.any(st[7] == running)
@@ -204,7 +212,7 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
         L = lane_count(N, lanes)
         if L < N:
             return _refill_loop(vstep, state, L, params, t_save, t_end, args, rtol, atol,
-                                weights, n_weighted, running)
+                                weights, n_weighted, running, rows)
         t, y, h, e1, e2, nacc, nrej, status, ys = jax.lax.while_loop(cond, body, state)
         return EnsembleResult(ys, t, status, nacc, nrej)
 
@@ -212,7 +220,7 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
 
 
 def _refill_loop(vstep, init, L, params, t_save, t_end, args, rtol, atol, weights, n_weighted,
-                 running):
+                 running, rows=False):
     """The ensemble on L lanes: ``init`` holds every trajectory's starting state (t, y, h, e1,
     e2, n_acc, n_rej, status, ys; leading axis N). Lane l works on trajectory ``idx[l]``; when it
     stops running, its state is written to the results and the next waiting trajectory (in
@@ -240,8 +248,8 @@ def _refill_loop(vstep, init, L, params, t_save, t_end, args, rtol, atol, weight
     def body(st):
         lane, idx, nxt, out = st
         take = jnp.minimum(idx, N - 1)
-        lane = vstep(lane, params[take], t_save[take], t_end[take], args, rtol, atol, weights,
-                     n_weighted)
+        w, nw = (weights[take], n_weighted[take]) if rows else (weights, n_weighted)
+        lane = vstep(lane, params[take], t_save[take], t_end[take], args, rtol, atol, w, nw)
         any_done = jnp.any((lane[7] != running) & (idx < N))
         lane, idx, nxt, out = jax.lax.cond(any_done, retire_and_refill,
                                            lambda a, b, c, d: (a, b, c, d), lane, idx, nxt, out)

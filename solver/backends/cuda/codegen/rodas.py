@@ -43,6 +43,10 @@ def _emit_kernel_head(spec: KernelSpec, nm: _Names) -> list[str]:
              "    i = cuda.grid(1)",
              "    if i >= n_traj:",
              "        return"]
+    # the error weights: one row for every trajectory, or a row each
+    L += ["    wt = weights[i if weights.shape[0] > 1 else 0]"]
+    if nm.sens:
+        L += ["    wt_s = weights_s[i if weights_s.shape[0] > 1 else 0]"]
     L += [f"    y = cuda.local.array({n}, F64)",
           f"    y1 = cuda.local.array({n}, F64)",
           f"    yi = cuda.local.array({n}, F64)",
@@ -99,9 +103,9 @@ def _norm(nm: _Names, ey: str, es: str, ya: str, yb: str, sa: str, sb: str) -> s
     """The error norm of a (y, s) pair: the plain RMS (``wrms``), or the joint one
     (``wrms_joint``)."""
     if not nm.sens:
-        return f"wrms({ey}, {ya}, {yb}, rtol, atol, weights, n_weighted)"
-    return (f"wrms_joint({ey}, {es}, {ya}, {yb}, {sa}, {sb}, rtol, atol, atol_s, weights, "
-            "weights_s, n_weighted)")
+        return f"wrms({ey}, {ya}, {yb}, rtol, atol, wt, n_weighted)"
+    return (f"wrms_joint({ey}, {es}, {ya}, {yb}, {sa}, {sb}, rtol, atol, atol_s, wt, "
+            "wt_s, n_weighted)")
 
 
 def _emit_initial_step(spec: KernelSpec, nm: _Names) -> list[str]:

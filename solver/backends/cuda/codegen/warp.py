@@ -110,9 +110,12 @@ def _head(w: Writer):
     if sens:
         w(1, "gb = cuda.blockIdx.x", "if gb >= n_traj * n_dir:", "    return",
           "i = gb // n_dir", "d = gb - i * n_dir",
-          "da = dargs[d if dargs.shape[0] == n_dir else 0]")
+          "da = dargs[d if dargs.shape[0] == n_dir else 0]",
+          "wt_s = weights_s[i if weights_s.shape[0] > 1 else 0]")
     else:
         w(1, "i = cuda.blockIdx.x", "if i >= n_traj:", "    return")
+    # the error weights: one row for every trajectory, or a row each
+    w(1, "wt = weights[i if weights.shape[0] > 1 else 0]")
     w(1, "M16 = U64(65535)", "S16 = U64(16)")
     for q in range(K):
         w(1, f"r{q} = {field(w.ws.own_row[q])}", f"p{q} = {field(w.ws.own_pos[q])}",
@@ -158,9 +161,9 @@ def _eval_stage_monomials(w: Writer, d: int, t: str):
 
 
 def _norm_parts(w: Writer, y_val, y_a, y_b, s_val=None, s_a=None, s_b=None):
-    parts = [(y_val, y_a, y_b, "atol", "weights")]
+    parts = [(y_val, y_a, y_b, "atol", "wt")]
     if w.sens:
-        parts.append((s_val, s_a, s_b, "atol_s", "weights_s"))
+        parts.append((s_val, s_a, s_b, "atol_s", "wt_s"))
     return parts
 
 
@@ -193,11 +196,11 @@ def _initial_step(w: Writer):
     def second(q):
         lines = w.entries(q, "sh_yi", "fv", g="sh_gs") + [
             f"sc = atol[r{q}] + rtol * _nmax(abs(sh_y[r{q}]), abs(sh_y[r{q}]))",
-            f"rr = weights[r{q}] * (fv - f0[{q}]) / sc", "acc += rr * rr"]
+            f"rr = wt[r{q}] * (fv - f0[{q}]) / sc", "acc += rr * rr"]
         if sens:
             lines += _rhs_s(w, q, "sh_yi", "sh_si", "sh_gs", M, "gv") + [
                 f"sc = atol_s[r{q}] + rtol * _nmax(abs(sh_s[r{q}]), abs(sh_s[r{q}]))",
-                f"rr = weights_s[r{q}] * (gv - g0[{q}]) / sc", "acc += rr * rr"]
+                f"rr = wt_s[r{q}] * (gv - g0[{q}]) / sc", "acc += rr * rr"]
         return lines
 
     w.rows(4, second)
@@ -329,8 +332,8 @@ def _error_control(w: Writer):
                 f"rr = {wts}[r{q}] * ee / sc", "acc += rr * rr",
                 f"if not _isfin({v1}[{q}]):", "    acc += math.inf"]
 
-    w.rows(2, lambda q: one(q, "kk", "sh_y", "y1", "atol", "weights")
-           + (one(q, "ks", "sh_s", "s1", "atol_s", "weights_s") if sens else []))
+    w.rows(2, lambda q: one(q, "kk", "sh_y", "y1", "atol", "wt")
+           + (one(q, "ks", "sh_s", "s1", "atol_s", "wt_s") if sens else []))
     w.reduce(2, "acc", "tot")
     fac = [lit(ctrl.safety)]
     for base, beta in (("err_s", ctrl.beta1), ("e1", ctrl.beta2), ("e2", ctrl.beta3)):
