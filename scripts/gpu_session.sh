@@ -17,6 +17,7 @@
 #   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
 #              per-stage times, one multipole per line-of-sight iteration and then the
 #              batched default side by side
+#   cl_grad    bench_cl --gradients: the lensed C_l's value and Jacobian (ClFunction) warm
 #   cl_parts   the line of sight's parts, and the lensing step with each method (recurrence,
 #              tables) side by side
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
@@ -90,6 +91,10 @@ for s in ${STEPS:-cb d first_run profile}; do
     cl)
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
+    cl_grad)
+        # issue 15's Jacobian ratio: ClFunction's value and Jacobian, warm, side by side
+        step bench_cl_grad 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
+            --backend cuda --gradients --runs 2 --out "$JOB/cl_grad" ;;
     cl_parts)
         step cl_los 300 python scripts/profile_line_of_sight.py --backend cuda --repeat 3
         step cl_lensing 200 python scripts/profile_lensing.py --methods recurrence,tables ;;

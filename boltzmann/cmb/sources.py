@@ -109,6 +109,14 @@ def _background_at(model, table_row, grid, x):
     return tau, exp_mk, g
 
 
+def _background_program(model, grid):
+    """``_background_at`` for one model and grid as one compiled program of (table_row, x): the
+    sampling plan and the sources' background call it eagerly, where its ~150 small operations
+    would each be dispatched on their own (slow on a GPU)."""
+    return _PROGRAMS.get_or_build(("background", id(model), grid), lambda: (model, jax.jit(
+        lambda table_row, x: _background_at(model, table_row, grid, x))))[1]
+
+
 def _sound_horizon(rows, model, tau, x):
     """r_s(τ) = ∫ dτ / sqrt(3(1 + R)), R = 3ρ_b/(4ρ_γ), on host arrays (sampling only)."""
     p = np.asarray(rows[0])
@@ -230,7 +238,8 @@ def source_plan(table_row, cosmos, precision, model, grid, l_max: int, *,
     tau_nodes = np.exp(np.asarray(ltau))
     x_nodes = grid.nodes
     # recombination (maximum of g) and the start of the sources, on the table nodes
-    _, _, g_nodes = _background_at(model, table_row, grid, jnp.asarray(x_nodes))
+    background = _background_program(model, grid)
+    _, _, g_nodes = background(table_row, jnp.asarray(x_nodes))
     g_nodes = np.asarray(g_nodes)
     early = x_nodes < -math.log(101.0)
     i_rec = int(np.argmax(np.where(early, g_nodes, -np.inf)))
@@ -251,7 +260,7 @@ def source_plan(table_row, cosmos, precision, model, grid, l_max: int, *,
     streaming = (~low[:, None]) & (x[None, :] > -math.log1p(sampling.z_streaming))
     # τ at the samples as the stages evaluate it (the table's Hermite interpolation), so that
     # the grids chosen from it and the traced τ agree at the fiducial cosmology
-    tau_h = np.asarray(_background_at(model, table_row, grid, jnp.asarray(x))[0])
+    tau_h = np.asarray(background(table_row, jnp.asarray(x))[0])
     return SourcePlan(k=k, n_cmb=n_cmb, x0=np.asarray(x0, np.float64), x=x, tau_fid=tau_h,
                       tau0_fid=float(tau_h[-1]), x_rec=float(x_nodes[i_rec]),
                       tau_rec_fid=tau_rec, low=low, streaming=streaming)
@@ -261,7 +270,7 @@ def source_background(model, table_row, grid, plan: SourcePlan) -> dict:
     """{tau, exp_mk, g: (S,) at the samples; tau0, tau_rec: ()} from the model table (traceable:
     the samples are fixed in ln a, their τ follow the cosmology)."""
     x = jnp.concatenate([jnp.asarray(plan.x), jnp.asarray([plan.x_rec])])
-    tau, exp_mk, g = _background_at(model, table_row, grid, x)
+    tau, exp_mk, g = _background_program(model, grid)(table_row, x)
     return {"tau": tau[:-1], "exp_mk": exp_mk[:-1], "g": g[:-1], "tau0": tau[-2],
             "tau_rec": tau[-1]}
 
