@@ -87,9 +87,11 @@ def sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol, s
         np.broadcast_to(np.asarray(sens_atol, np.float64), (n,)))
     if np.any(atol_s <= 0):
         raise ValueError("sensitivity_atol must be positive")
+    w = inp["weights"][0]          # the sensitivity kernels take one row (n,)
     inp.update(s0=np.ascontiguousarray(s0), dparams=np.ascontiguousarray(dp),
                dargs=np.ascontiguousarray(da), atol_s=np.ascontiguousarray(atol_s, np.float64),
-               weights_s=np.ascontiguousarray(inp["weights"] * sec_weight(sec)), m=m)
+               weights=np.ascontiguousarray(w),
+               weights_s=np.ascontiguousarray(w * sec_weight(sec)), m=m)
     return inp
 
 

@@ -111,11 +111,12 @@ def _head(w: Writer):
         w(1, "gb = cuda.blockIdx.x", "if gb >= n_traj * n_dir:", "    return",
           "i = gb // n_dir", "d = gb - i * n_dir",
           "da = dargs[d if dargs.shape[0] == n_dir else 0]",
-          "wt_s = weights_s[i if weights_s.shape[0] > 1 else 0]")
+          # the error weights: one row (n,) for every trajectory and direction
+          "wt = weights", "wt_s = weights_s")
     else:
-        w(1, "i = cuda.blockIdx.x", "if i >= n_traj:", "    return")
-    # the error weights: one row for every trajectory, or a row each
-    w(1, "wt = weights[i if weights.shape[0] > 1 else 0]")
+        w(1, "i = cuda.blockIdx.x", "if i >= n_traj:", "    return",
+          # the error weights: one row for every trajectory (1, n), or a row each (N, n)
+          "wt = weights[i if weights.shape[0] > 1 else 0]")
     w(1, "M16 = U64(65535)", "S16 = U64(16)")
     for q in range(K):
         w(1, f"r{q} = {field(w.ws.own_row[q])}", f"p{q} = {field(w.ws.own_pos[q])}",
