@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from solver.caches import Cache
 
 from ..runtime import require_float64
 from .bessel import BesselTable
@@ -42,6 +45,9 @@ L_MAX_RANGE = (30, 5000)
 L_LIMBER = 100
 #: late sources (z < 30) enter the temperature and polarisation up to this ℓ
 L_LATE = 400
+#: ``every_ell``'s spline matrices on the device, per (sampled ℓ, l_max, breaks, degree): a
+#: (l_max - 1) × L matrix costs milliseconds of scipy and an upload of megabytes per call
+_ELL_MATRICES = Cache("boltzmann.cmb.ell_matrices", maxsize=8)
 
 
 def check_request(l_max: int, spectra, lensing: bool) -> None:
@@ -155,15 +161,22 @@ def every_ell(sampled: dict, ells, l_max: int, names,
     ell_all = np.arange(2, int(l_max) + 1)
     f_all = jnp.asarray(ell_all * (ell_all + 1.0))
     breaks = method_breaks(int(l_max))
-    matrices = {}
     out = {}
     for name in names:
         key = breaks.get(name, ())
-        if key not in matrices:
-            matrices[key] = jnp.asarray(ell_spline_matrix(ells, int(l_max), breaks=key,
-                                                          degree=degree))
-        out[name] = (matrices[key] @ (f_s * sampled[name])) / f_all
+        matrix = _ELL_MATRICES.get_or_build(
+            (np.asarray(ells).tobytes(), int(l_max), key, int(degree)),
+            lambda key=key: _device_matrix(ell_spline_matrix(ells, int(l_max), breaks=key,
+                                                             degree=degree)))
+        out[name] = (matrix @ (f_s * sampled[name])) / f_all
     return out
+
+
+def _device_matrix(m: np.ndarray):
+    """``m`` on the default device, concrete even when called inside a trace (a cached array
+    must not be a tracer)."""
+    with jax.ensure_compile_time_eval():
+        return jnp.asarray(m)
 
 
 def cl_for_config(config, *, l_max: int | None = None, spectra=None, lensing=None,
