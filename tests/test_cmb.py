@@ -305,6 +305,29 @@ def test_ell_spline_is_taken_apart_at_a_change_of_method():
         ell_spline_matrix(multipoles(2500), 2500, breaks=(400,))
 
 
+def test_every_ell_keeps_its_matrices_concrete():
+    """``every_ell`` keeps its spline matrices between calls (they depend on no cosmology); a
+    first call inside ``jax.jit`` (``ClFunction``'s programs) must not leave a tracer in that
+    cache: the traced and the eager results agree, and the kept matrices are arrays."""
+    from boltzmann.cmb import stage
+
+    stage._ELL_MATRICES.clear()
+    ells = stage.sampled_multipoles(700)
+    rng = np.random.default_rng(1)
+    sampled = {n: jnp.asarray(rng.random(ells.size) + 1.0) for n in ("TT", "PP")}
+    traced = jax.jit(lambda s: stage.every_ell(s, ells, 700, ["TT", "PP"]))(sampled)
+    kept = stage._ELL_MATRICES.values()
+    assert len(kept) == 2 and not any(isinstance(m, jax.core.Tracer) for m in kept)
+    eager = stage.every_ell(sampled, ells, 700, ["TT", "PP"])
+    assert len(stage._ELL_MATRICES.values()) == 2
+    for n in ("TT", "PP"):
+        np.testing.assert_allclose(traced[n], eager[n], rtol=1e-14)
+        ref = ell_spline_matrix(ells, 700, breaks=stage.method_breaks(700)[n]) @ (
+            ells * (ells + 1.0) * np.asarray(sampled[n]))
+        ell_all = np.arange(2, 701)
+        np.testing.assert_allclose(eager[n], ref / (ell_all * (ell_all + 1.0)), rtol=1e-13)
+
+
 def test_wavenumber_grids():
     tau0, r_s = 14175.0, 145.0
     ks = source_wavenumbers(2500, tau0, r_s)
