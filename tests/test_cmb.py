@@ -21,7 +21,8 @@ from boltzmann.cmb import ClSpectra
 from boltzmann.cmb import bessel
 from boltzmann.cmb.line_of_sight import Transfers, transfer_functions
 from boltzmann.cmb.sampling import (ClSampling, TransferWindow, multipoles,
-                                    source_wavenumbers, transfer_wavenumbers, transfer_window)
+                                    source_wavenumbers, spline_matrix, transfer_wavenumbers,
+                                    transfer_window)
 from boltzmann.cmb.sources import SourceGrid
 from boltzmann.cmb.spectra import cl_from_transfers, ell_spline_matrix
 from boltzmann.params import ConfigError, load_config
@@ -326,6 +327,27 @@ def test_every_ell_keeps_its_matrices_concrete():
             ells * (ells + 1.0) * np.asarray(sampled[n]))
         ell_all = np.arange(2, 701)
         np.testing.assert_allclose(eager[n], ref / (ell_all * (ell_all + 1.0)), rtol=1e-13)
+
+
+def test_banded_k_spline_equals_the_spline_matrix():
+    """The line of sight's banded spline in ln k is ``spline_matrix``'s operator: the same matrix
+    to rounding, the same values on a (K, S) block of sources; targets outside the source grid
+    are refused."""
+    from boltzmann.cmb.k_spline import BandedSpline
+
+    k_from = np.concatenate([np.logspace(-5, -2, 40), np.linspace(0.0105, 0.4, 60)])
+    k_to = np.concatenate([[k_from[0]], np.sort(np.random.default_rng(2).uniform(
+        k_from[0], k_from[-1], 700)), [k_from[-1]]])
+    for degree in (3, 5):
+        band = BandedSpline.build(k_from, k_to, degree)
+        dense = spline_matrix(k_from, k_to, degree)
+        assert band.basis.shape == (k_to.size, degree + 1)
+        np.testing.assert_allclose(band.dense(), dense, rtol=0, atol=1e-13 * np.abs(dense).max())
+        v = np.random.default_rng(3).standard_normal((k_from.size, 9))
+        np.testing.assert_allclose(np.asarray(band.apply(jnp.asarray(v))), dense @ v, rtol=0,
+                                   atol=1e-12 * np.abs(dense @ v).max())
+    with pytest.raises(ValueError, match="outside the source grid"):
+        BandedSpline.build(k_from, np.array([0.5 * k_from[0], 0.1]), 5)
 
 
 def test_wavenumber_grids():

@@ -9,8 +9,9 @@ For each sampled ℓ and the k of its window of the transfer grid (boltzmann.cmb
 
 with trapezoid weights w_i on the source times τ_i (τ_i, τ0 may be traced: the samples are fixed
 in ln a, so a change of cosmology moves τ_i, τ0 and the weights), and the sources carried from
-the source k grid to the transfer k grid by a quintic spline in ln k (one matrix product). The
-Bessel values come from boltzmann.cmb.bessel's table. The window bounds the cost: a multipole
+the source k grid to the transfer k grid by a quintic spline in ln k (a banded operator,
+``k_spline``). The Bessel values come from boltzmann.cmb.bessel's table. The window bounds the
+cost: a multipole
 costs its window's width (a third of the grid at the default sampling) times the source times;
 Δ^φ, smooth in k, is computed on every ``phi_stride``-th wavenumber only.
 
@@ -29,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import bessel
-from .sampling import ClSampling, TransferWindow, spline_matrix
+from .k_spline import BandedSpline
+from .sampling import ClSampling, TransferWindow
 
 __all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch"]
 
@@ -73,9 +75,10 @@ def trapezoid(t):
 
 
 def fine_sources(src, k_fine, degree: int = ClSampling.k_spline_degree):
-    """{name: (K_fine, S)} the sources on ``k_fine`` (``spline_matrix`` of ``degree`` in ln k)."""
-    m = jnp.asarray(spline_matrix(src.k, k_fine, degree))
-    return {name: m @ getattr(src, name) for name in ("t0", "t1", "t2", "e", "phi")}
+    """{name: (K_fine, S)} the sources on ``k_fine``: the spline of ``degree`` in ln k through
+    the source modes (``k_spline.BandedSpline``, the banded form of ``spline_matrix``)."""
+    spline = BandedSpline.build(src.k, k_fine, degree)
+    return {name: spline.apply(getattr(src, name)) for name in ("t0", "t1", "t2", "e", "phi")}
 
 
 def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int = 1):

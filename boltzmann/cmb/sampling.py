@@ -11,8 +11,8 @@ Three grids, chosen once per run on the host (numerical choices, held fixed unde
 * ``transfer_wavenumbers`` — the finer k grid of the line-of-sight integrals and the C_ℓ
   integral: Δ_ℓ(k) oscillates in k with period ≈ 2π/τ0, so the step is a fraction ``q_step`` of
   that; log-spaced below the point where the log step would exceed it.  Sources are carried
-  from the source grid to this grid by a quintic spline in ln k (a fixed matrix,
-  ``spline_matrix``).
+  from the source grid to this grid by a quintic spline in ln k (a fixed linear operator:
+  ``spline_matrix`` as one matrix, ``k_spline.BandedSpline`` as the line of sight applies it).
 * ``transfer_window`` — which of those wavenumbers each multipole integrates: from the Bessel
   turning point (j_ℓ(kχ) vanishes below it at every distance χ of the sources) to
   ℓ/χ_rec + ``k_window_extra`` (above it the sources' projection onto j_ℓ is damped: the part of
