@@ -180,9 +180,9 @@ def test_emulated_warp_kernel_matches_jax_in_any_lane_order(eb_small):
 
 def test_per_trajectory_error_weights(eb_small):
     """Error weights (N, n), a row per trajectory (the CMB sources' two groups of modes in one
-    launch): the emulated warp kernel takes the JAX backend's steps, and a trajectory is, to
-    rounding, the solve with its row as the shared weights (each row is divided by the square
-    root of its count, so the norm is the same) -- checked for the rows with the photons."""
+    launch): on the JAX backend a trajectory is, to rounding, the solve with its row as the
+    shared weights (checked for the rows with the photons); the emulated warp kernel, which
+    gets each row divided by the square root of its count, takes the same steps."""
     from boltzmann.cmb.sources import PHOTON_CONTROL
 
     k, model, table, params, x0, y0, w = eb_small
@@ -197,7 +197,7 @@ def test_per_trajectory_error_weights(eb_small):
     assert np.all(np.asarray(a.status) == Status.OK)
     scale = np.maximum(np.abs(np.asarray(a.ys)), EB_ATOL / EB_RTOL)
     shared = solve(model.rhs, y0, xs, params, error_weights=wp, **kw)
-    for i in (0, 2):                # the rows that are wp: the shared solve's steps and values
+    for i in (0, 2):                # the rows that are wp: the shared solve's steps
         assert int(shared.n_accepted[i]) == int(a.n_accepted[i])
         rel = np.abs(np.asarray(shared.ys)[i] - np.asarray(a.ys)[i]) / scale[i]
         assert rel.max() <= 1e-9, (i, rel.max())

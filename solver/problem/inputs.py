@@ -63,7 +63,8 @@ def is_tracer(x) -> bool:
 
 def check_options(n: int, rtol, atol, error_weights, max_steps, *,
                   n_traj: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Check the static options of a solve of n variables; returns atol (n,) and weights (n,).
+    """Check the static options of a solve of n variables; returns atol (n,) and the weights,
+    (n,) or (N, n).
 
     ``n_traj``: the number of trajectories where the caller takes per-trajectory weights too --
     ``error_weights`` may then be (N, n), one row per trajectory (``solve``; the sensitivity
@@ -95,12 +96,13 @@ def check_options(n: int, rtol, atol, error_weights, max_steps, *,
 
 
 def norm_rows(weights: np.ndarray) -> tuple[np.ndarray, float]:
-    """The error weights as the kernels and the ensemble loop take them: (rows, n_weighted).
+    """The error weights as the CUDA kernels take them: (rows, n_weighted).
 
     The error norm is sqrt(Σ (w e / sc)² / n_weighted), n_weighted the number of positive
     weights. Shared weights (n,) give one row and their count; per-trajectory weights (N, n)
     may count differently per row, so each row is divided by the square root of its own count
-    and n_weighted is 1 -- the same norm, one scalar for the launch."""
+    and n_weighted is 1 -- the same norm, one scalar for the launch. (The JAX ensemble loop
+    keeps the rows as they are, with a count per row.)"""
     w = np.asarray(weights, np.float64)
     if w.ndim == 1:
         return w[None, :], float(max(int(np.sum(w > 0)), 1))

@@ -184,13 +184,10 @@ def make_ensemble_solver(f: Callable, jac: Callable, linear, tab, ctrl, max_step
 
     def run(y0, t0, t_end, t_save, params, args, rtol, atol, weights, h0):
         N, n = y0.shape
-        rows = weights.ndim == 2      # per-trajectory weights (N, n): problem.inputs.norm_rows
-        if rows:
-            counts = jnp.maximum(jnp.sum(weights > 0, axis=1), 1).astype(weights.dtype)
-            weights = weights / jnp.sqrt(counts)[:, None]
-            n_weighted = jnp.ones((N,), weights.dtype)
-        else:
-            n_weighted = jnp.maximum(jnp.sum(weights > 0), 1)
+        # per-trajectory weights (N, n): each row with its own count, so that a trajectory
+        # takes the steps of a solve with its row as the shared weights
+        rows = weights.ndim == 2
+        n_weighted = jnp.maximum(jnp.sum(weights > 0, axis=-1), 1)
         w_ax = 0 if rows else None
         h_auto = jax.vmap(initial_step, in_axes=(0, 0, 0, 0, None, None, None, w_ax, w_ax))(
             y0, t0, t_end, params, args, rtol, atol, weights, n_weighted)
