@@ -28,17 +28,13 @@ def main(argv=None):
     from boltzmann.cmb.sampling import ClSampling
     from boltzmann.cmb.sources import (error_weights, evaluate_sources, source_background,
                                        source_plan, source_program)
-    from boltzmann.ensemble import stack_cosmologies
+    from boltzmann.cmb.stage import config_tables
     from boltzmann.params import load_config
-    from boltzmann.tables import compute_tables
     from solver import solve
 
     runtime.use_float64()
     c = load_config(args.config)
-    cosmos = stack_cosmologies([c.cosmology])
-    model = modes.model_for(c.cosmology, c.precision)
-    grid = modes.make_grid(c.precision)
-    tables = compute_tables(cosmos, grid, model)
+    cosmos, model, grid, tables = config_tables(c)
     row = jnp.asarray(tables.model_table)[0]
     plan = source_plan(row, cosmos, c.precision, model, grid, 500)
     k = np.asarray(args.k, np.float64)

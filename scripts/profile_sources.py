@@ -24,9 +24,8 @@ import numpy as np
 from boltzmann import modes, runtime
 from boltzmann.cmb import sources as S
 from boltzmann.cmb.lensing import input_l_max
-from boltzmann.ensemble import stack_cosmologies
+from boltzmann.cmb.stage import config_tables
 from boltzmann.params import load_config
-from boltzmann.tables import compute_tables
 from solver import solve
 
 
@@ -44,10 +43,7 @@ def main() -> None:
     a = ap.parse_args()
     runtime.configure()
     cfg = load_config(a.config)
-    cosmos = stack_cosmologies([cfg.cosmology])
-    model = modes.model_for(cfg.cosmology, cfg.precision)
-    grid = modes.make_grid(cfg.precision)
-    tables = compute_tables(cosmos, grid, model)
+    cosmos, model, grid, tables = config_tables(cfg)
     out = cfg.output
     l_max = int(getattr(out, "l_max", 2500))
     lensing = bool(getattr(out, "lensing", False))

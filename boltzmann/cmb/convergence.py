@@ -70,15 +70,10 @@ def convergence_table(config, variants, *, l_max=None, lensing: bool = False, ba
                       base: ClSampling = ClSampling(), log=lambda s: None) -> dict:
     """{"default" | variant: ClSpectra} of ``config``'s cosmology: the tables once, then
     ``compute_cl`` per sampling (TT, EE, TE, PP, and the lensed spectra with ``lensing``)."""
-    from .. import modes
-    from ..ensemble import stack_cosmologies
-    from ..tables import compute_tables
-    from .stage import compute_cl
+    from .stage import compute_cl, config_tables
 
     l_max = int(config.output.l_max if l_max is None else l_max)
-    stacked = stack_cosmologies([config.cosmology])
-    model = modes.model_for(config.cosmology, config.precision)
-    tables = compute_tables(stacked, modes.make_grid(config.precision), model)
+    stacked, model, _, tables = config_tables(config)
     runs = {}
     for variant in ["default", *[v for v in variants if v != "default"]]:
         t0 = time.perf_counter()

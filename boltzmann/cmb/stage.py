@@ -33,7 +33,7 @@ from .sampling import ClSampling, multipoles, transfer_wavenumbers, transfer_win
 from .sources import compute_sources
 from .spectra import ClSpectra, cl_from_transfers, ell_spline_matrix, limber_pp
 
-__all__ = ["compute_cl", "cl_for_config", "check_request", "sampled_spectra", "every_ell",
+__all__ = ["compute_cl", "cl_for_config", "config_tables", "check_request", "sampled_spectra", "every_ell",
            "method_breaks", "sampled_multipoles",
            "SPECTRA", "L_MAX_RANGE", "L_LIMBER", "L_LATE"]
 
@@ -179,23 +179,29 @@ def _device_matrix(m: np.ndarray):
         return jnp.asarray(m)
 
 
+def config_tables(config):
+    """(stacked cosmology, model, grid, tables) of ``config``'s one cosmology: what stage 1
+    gives the C_ℓ stage (``compute_cl``, the sources' and convergence tools)."""
+    from .. import modes
+    from ..ensemble import stack_cosmologies
+    from ..tables import compute_tables
+
+    stacked = stack_cosmologies([config.cosmology])
+    model = modes.model_for(config.cosmology, config.precision)
+    grid = modes.make_grid(config.precision)
+    return stacked, model, grid, compute_tables(stacked, grid, model)
+
+
 def cl_for_config(config, *, l_max: int | None = None, spectra=None, lensing=None,
                   sampling: ClSampling = ClSampling(), backend="auto",
                   los_batch: int | None = None) -> ClSpectra:
     """Tables and C_ℓ for ``config`` (a boltzmann.params.Config); arguments left None come from
     its output block (``cl``, ``l_max``, ``lensing``); ``los_batch`` as ``compute_cl``'s."""
-    from .. import modes
-    from ..ensemble import stack_cosmologies
-    from ..tables import compute_tables
-
     out = config.output
     l_max = int(getattr(out, "l_max", 2500) if l_max is None else l_max)
     spectra = tuple(getattr(out, "cl", ()) or ("TT", "EE", "TE", "PP")) if spectra is None \
         else tuple(spectra)
     lensing = bool(getattr(out, "lensing", False)) if lensing is None else bool(lensing)
-    stacked = stack_cosmologies([config.cosmology])
-    model = modes.model_for(config.cosmology, config.precision)
-    grid = modes.make_grid(config.precision)
-    tables = compute_tables(stacked, grid, model)
+    stacked, model, _, tables = config_tables(config)
     return compute_cl(tables, stacked, config.precision, model, l_max=l_max, spectra=spectra,
                       lensing=lensing, sampling=sampling, backend=backend, los_batch=los_batch)
