@@ -68,15 +68,6 @@ class BandedSpline:
         return _apply(jnp.asarray(self.coefficients), jnp.asarray(self.start),
                       jnp.asarray(self.basis), values)
 
-    def dense(self) -> np.ndarray:
-        """(K_fine, K) the same operator as one matrix (tests)."""
-        width = self.basis.shape[1]
-        out = np.zeros((self.start.size, self.coefficients.shape[0]))
-        rows = np.arange(self.start.size)
-        for j in range(width):
-            out[rows, self.start + j] += self.basis[:, j]
-        return out @ self.coefficients
-
 
 @jax.jit
 def _apply(coefficients, start, basis, values):
