@@ -18,6 +18,8 @@
 #              per-stage times, one multipole per line-of-sight iteration and then the
 #              batched default side by side
 #   cl_grad    bench_cl --gradients: the lensed C_l's value and Jacobian (ClFunction) warm
+#   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
+#              groups against a solve per group
 #   cl_parts   the line of sight's parts, and the lensing step with each method (recurrence,
 #              tables) side by side
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
@@ -95,6 +97,8 @@ for s in ${STEPS:-cb d first_run profile}; do
         # issue 15's Jacobian ratio: ClFunction's value and Jacobian, warm, side by side
         step bench_cl_grad 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --gradients --runs 2 --out "$JOB/cl_grad" ;;
+    sources)
+        step sources 240 python scripts/profile_sources.py --backend cuda --repeat 3 ;;
     cl_parts)
         step cl_los 300 python scripts/profile_line_of_sight.py --backend cuda --repeat 3
         step cl_lensing 200 python scripts/profile_lensing.py --methods recurrence,tables ;;
