@@ -104,6 +104,19 @@ def _rows(jt, djt, packed, ells, ils, starts, lo, hi, k, chi, w, srcs, *, width,
     return jax.lax.map(body, (ils, starts, lo, hi), batch_size=batch if batch > 1 else None)
 
 
+@functools.partial(jax.jit, static_argnames=("form", "dx", "x_max"))
+def _phi(jt, djt, ils, x, w, s_phi, *, form, dx, x_max):
+    """Δ^φ rows (``line_of_sight._phi_rows``) as products (``dot``) or reductions."""
+    table = BesselTable(ells=None, dx=dx, j=jt, dj=djt)
+
+    def body(il):
+        t_, h, j0, j1, d0, d1, _ = bessel._cells(table, il, x)
+        j = jnp.where(x <= x_max, hermite(t_, h, j0, d0, j1, d1), 0.0)
+        return (s_phi * j) @ w if form.startswith("dot") else jnp.sum(s_phi * j * w, axis=1)
+
+    return jax.lax.map(body, ils)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/planck_cl.yaml")
@@ -159,6 +172,23 @@ def main() -> None:
                        for a_, b_ in zip((t_rows, e_rows), ref))
             print(f"| {gname} ({idx.size} ℓ, width {width}) | {form} | {min(times[1:]):.4f} | "
                   + " ".join(f"{t:.3f}" for t in times) + f" | {diff:.1e} |", flush=True)
+    with_p = np.nonzero(ells <= 100)[0][:a.ells or None]
+    ip = window.phi_indices(k.size)
+    x = kj[ip][:, None] * chi[None, :]
+    ref = None
+    for form in ("dot", "sum"):
+        call = functools.partial(_phi, table.j, table.dj, jnp.asarray(with_p, jnp.int32), x,
+                                 los.trapezoid(tau), fine["phi"][ip], form=form, dx=table.dx,
+                                 x_max=table.x_max)
+        times = []
+        for _ in range(a.repeat + 1):
+            t0 = time.perf_counter()
+            out = np.asarray(jax.block_until_ready(call()))
+            times.append(time.perf_counter() - t0)
+        ref = out if ref is None else ref
+        print(f"| phi ({with_p.size} ℓ, {ip.size} k) | {form} | {min(times[1:]):.4f} | "
+              + " ".join(f"{t:.3f}" for t in times)
+              + f" | {np.max(np.abs(out - ref)) / np.max(np.abs(ref)):.1e} |", flush=True)
 
 
 if __name__ == "__main__":
