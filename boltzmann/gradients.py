@@ -16,10 +16,13 @@ The arrows are the stages themselves, in their traceable form (``tables.tables_o
 ``perturbations.mode_inputs``, ``solve_modes``, ``transfers_of_states``,
 ``spectra.power_spectra``) on an ensemble of one cosmology. ``solver.solve_diff`` supplies the
 tangent of the solve with respect to the initial states, the parameter rows and the table (its
-tangent enters the joint RHS linearly). Forward mode over θ therefore asks the solver for
-exactly len(θ) sensitivity directions in one joint solve per k-chunk. ``jacobian`` runs it as
-three compiled programs (inputs and their tangents, the solve, the outputs' jvp) chained by the
-chain rule, each far smaller for XLA to compile than ``jax.jacfwd`` of the whole function.
+tangent enters the joint RHS linearly). Forward mode over θ therefore asks the solver for one
+sensitivity direction per parameter the solve depends on, in one joint solve per k-chunk: the
+primordial parameters (A_s, n_s) leave the solve's inputs unchanged, so they get none
+(``ParameterMap.solve_directions``; their derivatives come from the outputs stage alone).
+``jacobian`` runs it as three compiled programs (inputs and their tangents, the solve, the
+outputs' jvp) chained by the chain rule, each far smaller for XLA to compile than
+``jax.jacfwd`` of the whole function.
 
 What is held fixed (not differentiated), and why:
 * the k grid in 1/Mpc (P in Mpc³): ∂/∂h is at fixed k [1/Mpc], as in CLASS's FD with k in 1/Mpc;
@@ -72,7 +75,7 @@ from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
 from .runtime import require_float64
 from .spectra import power_spectra
 from .tables import DERIVED, compute_tables, host_cpu, tables_one, thermodynamics_on
-from .theta import PARAMETERS, ParameterMap, available_parameters
+from .theta import PARAMETERS, ParameterMap, available_parameters, jvps_along, widen
 from .theta import one as _one
 
 log = logging.getLogger(__name__)
@@ -102,8 +105,9 @@ class PowerSpectrumFunction(AheadOfCall):
 
     ``f = PowerSpectrumFunction(config)``; ``f.theta0`` is the fiducial vector (order
     ``f.parameters``); ``f(theta)`` evaluates (jit-able, differentiable); ``f.jacobian(theta)``
-    returns values and ∂(output)/∂θ by forward mode (one joint solve with len(θ) directions
-    per k-chunk; ``jax.jacfwd(f)`` gives the same); ``f.dlnpk(theta)`` the ∂ln P_m/∂θ table the CLI writes.
+    returns values and ∂(output)/∂θ by forward mode (one joint solve with a direction per
+    non-primordial parameter per k-chunk; ``jax.jacfwd(f)`` gives the same); ``f.dlnpk(theta)``
+    the ∂ln P_m/∂θ table the CLI writes.
 
     Outputs besides the spectra, each differentiable in θ like them:
 
@@ -329,11 +333,27 @@ class PowerSpectrumFunction(AheadOfCall):
         return jax.device_put(out, target)
 
     # the Jacobian by the chain rule over the stages, one compiled program each
+    def _solve_inputs_and_thermo(self, theta):
+        """((table, rows, y0), the thermodynamic redshifts): the inputs stage less the
+        background outputs."""
+        cosmo, table, thermo = self._tables(theta)
+        rows, y0 = mode_inputs(table, cosmo, self.k_solve[None], self.x0, self.model, self.grid)
+        return (table, rows, y0), thermo
+
     def _inputs_and_tangents(self, theta):
-        """(inputs, their tangents with the direction axis first: one per parameter)."""
-        inputs = self._stage_inputs(theta)
-        tangents = jax.jacfwd(self._stage_inputs)(theta)
-        return inputs, jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, -1, 0), tangents)
+        """(inputs, their tangents with the direction axis first): the tables, rows and initial
+        states along the solve's directions only (``ParameterMap.solve_directions``: their
+        tangents along a primordial parameter are zero), the background outputs along every
+        parameter (the derived numbers include A_s and n_s)."""
+        S = self._map.solve_directions
+        (solve_in, thermo), (dsolve_in, dthermo) = jvps_along(self._solve_inputs_and_thermo,
+                                                              theta, S)
+        background, dbackground = jax.vmap(
+            lambda e, dt: jax.jvp(lambda th, tm: self._background(self.cosmology(th), tm),
+                                  (theta, thermo), (e, dt)),
+            out_axes=(None, 0))(jnp.eye(theta.size, dtype=theta.dtype),
+                                widen(dthermo, S, theta.size))
+        return (*solve_in, background), (*dsolve_in, dbackground)
 
     def _solve_and_tangents(self, table, rows, y0, dtable, drows, dy0, index=None):
         """(states, their tangents (m, …)) from ONE joint sensitivity solve with the m directions
@@ -348,8 +368,10 @@ class PowerSpectrumFunction(AheadOfCall):
 
     def _outputs_and_tangents(self, theta, ys, rows, table, background, dys, drows, dtable,
                               dbackground):
-        """(outputs, ∂outputs/∂θ with θ's axis last, as ``jax.jacfwd`` lays it out)."""
+        """(outputs, ∂outputs/∂θ with θ's axis last, as ``jax.jacfwd`` lays it out); ``dys``,
+        ``drows``, ``dtable`` along the solve's directions, ``dbackground`` along all."""
         eye = jnp.eye(theta.size, dtype=theta.dtype)
+        dys, drows, dtable = widen((dys, drows, dtable), self._map.solve_directions, theta.size)
         return jax.vmap(
             lambda e, a, b, c, d: jax.jvp(self._stage_outputs,
                                           (theta, ys, rows, table, background), (e, a, b, c, d)),

@@ -73,7 +73,7 @@ class AheadOfCall:
     """Background loads and parallel solves for ``PowerSpectrumFunction.jacobian`` (module
     docstring). Expects ``theta0``, ``inputs_on_host``, ``_jit_inputs_jvp``,
     ``_jit_solve_jvp``, ``_chunk_groups``, ``_host_inputs`` and, for the sensitivity kernel,
-    ``_jit_stage_inputs``, ``_solve_and_tangents`` and ``_chunks`` of the class it is mixed
+    ``_jit_stage_inputs``, ``_solve_and_tangents``, ``_chunks`` and ``_map`` of the class it is mixed
     into."""
 
     #: the threads loading the stored programs (``preload``), empty when none runs
@@ -198,7 +198,7 @@ class AheadOfCall:
         t0 = time.perf_counter()
         table, rows, y0, _ = jax.block_until_ready(self._jit_stage_inputs(theta))
         inputs_seconds = time.perf_counter() - t0
-        m = len(self.parameters)
+        m = len(self._map.solve_directions)
 
         def zero(a):
             return jnp.zeros((m,) + a.shape, a.dtype)

@@ -4,10 +4,11 @@ A sampler with many walkers or chains, a Fisher grid or an emulator's training s
 outputs and their θ-derivatives at C parameter vectors together. ``PowerSpectrumBatch(fn)`` runs
 ``fn.jacobian``'s three stages — θ → (tables, mode rows, initial states) with their tangents; one
 joint sensitivity solve; the outputs' jvp — on the ensemble of the C cosmologies, so the solve is
-one launch of C·K modes × len(θ) directions (one CUDA kernel launch on the GPU), not C launches
-one after another, each as long as its own slowest mode.
+one launch of C·K modes × the solve's directions (one CUDA kernel launch on the GPU), not C
+launches one after another, each as long as its own slowest mode; as for ``fn``, the primordial
+parameters get no direction in the solve (``ParameterMap.solve_directions``).
 
-Why len(θ) directions serve all C cosmologies: cosmology c's outputs depend on its own θ_c alone
+Why one direction per parameter serves all C cosmologies: cosmology c's outputs depend on its own θ_c alone
 (the modes of cosmology c read only row c of the tables), so the directional derivative along
 E_j — parameter j of every cosmology moved together — is, for cosmology c, ∂(output_c)/∂θ_{c,j}.
 
@@ -32,6 +33,7 @@ from .perturbations import (N_CHUNKS_JAX, mode_inputs, solve_modes, solve_modes_
                             transfers_of_states)
 from .spectra import power_spectra
 from .tables import tables_one
+from .theta import widen
 
 __all__ = ["PowerSpectrumBatch"]
 
@@ -82,15 +84,24 @@ class PowerSpectrumBatch:
             lambda x: jnp.asarray(x, jnp.float64), self.fn.cosmology(th))
         return jax.vmap(one)(thetas)
 
-    def _inputs(self, thetas, lay):
+    def _solve_inputs(self, thetas, lay):
+        """((table, rows, y0), the thermodynamic redshifts) of the C cosmologies."""
         fn = self.fn
         cosmos = self._cosmologies(thetas)
         table, thermo = jax.vmap(lambda c: tables_one(c, fn.grid, fn.model))(cosmos)
         rows, y0 = mode_inputs(table, cosmos, lay["k"], lay["x0"], fn.model, fn.grid)
-        # the background outputs depend on θ and the thermodynamics alone (computed with them)
-        background = jax.vmap(lambda th, td: fn._background(
+        return (table, rows, y0), thermo
+
+    def _background(self, thetas, thermo):
+        """The background outputs: they depend on θ and the thermodynamics alone (computed
+        with the tables)."""
+        fn = self.fn
+        return jax.vmap(lambda th, td: fn._background(
             fn.cosmology(th), {name: v[None] for name, v in td.items()}))(thetas, thermo)
-        return table, rows, y0, background
+
+    def _inputs(self, thetas, lay):
+        (table, rows, y0), thermo = self._solve_inputs(thetas, lay)
+        return table, rows, y0, self._background(thetas, thermo)
 
     def _outputs(self, thetas, ys, rows, table, background, lay):
         fn = self.fn
@@ -122,15 +133,24 @@ class PowerSpectrumBatch:
             ys = solve_modes(table, rows, y0, lay["x0"], fn.z, fn.model, **opts)
             return self._outputs(thetas, ys, rows, table, background, lay)
 
-        def directions(thetas):
+        S = fn._map.solve_directions
+
+        def directions(thetas, which=slice(None)):
             # E_j: parameter j of every cosmology moved together (module docstring)
-            eye = jnp.eye(P, dtype=thetas.dtype)
+            eye = jnp.eye(P, dtype=thetas.dtype)[which]
             return jax.vmap(lambda e: jnp.broadcast_to(e, thetas.shape))(eye)
 
         def inputs_jvp(thetas):
-            f = lambda th: self._inputs(th, lay)  # noqa: E731
-            return f(thetas), jax.vmap(lambda e: jax.jvp(f, (thetas,), (e,))[1])(
-                directions(thetas))
+            # the solve's inputs along its directions only (ParameterMap.solve_directions),
+            # the background outputs along every parameter
+            f = lambda th: self._solve_inputs(th, lay)  # noqa: E731
+            (solve_in, thermo), (dsolve_in, dthermo) = jax.vmap(
+                lambda e: jax.jvp(f, (thetas,), (e,)), out_axes=(None, 0))(
+                directions(thetas, S))
+            background, dbackground = jax.vmap(
+                lambda e, dt: jax.jvp(self._background, (thetas, thermo), (e, dt)),
+                out_axes=(None, 0))(directions(thetas), widen(dthermo, S, P))
+            return (*solve_in, background), (*dsolve_in, dbackground)
 
         def solve_jvp(table, rows, y0, dtable, drows, dy0):
             return solve_modes_with_tangents(table, rows, y0, dtable, drows, dy0, lay["x0"],
@@ -138,6 +158,7 @@ class PowerSpectrumBatch:
 
         def outputs_jvp(thetas, ys, rows, table, background, dys, drows, dtable, dbackground):
             f = lambda *a: self._outputs(*a, lay)  # noqa: E731
+            dys, drows, dtable = widen((dys, drows, dtable), S, P)
             return jax.vmap(
                 lambda e, a, b, c, d: jax.jvp(f, (thetas, ys, rows, table, background),
                                               (e, a, b, c, d)),

@@ -21,11 +21,17 @@ import numpy as np
 
 from .params import ConfigError, CosmoParams
 
-__all__ = ["PARAMETERS", "ParameterMap", "parse_name", "available_parameters", "one"]
+__all__ = ["PARAMETERS", "PRIMORDIAL_FIELDS", "ParameterMap", "parse_name", "available_parameters", "one",
+           "jvps_along", "widen"]
 
 #: the issue's parameter list, in this order (config names)
 PARAMETERS = ("h", "omega_b", "omega_cdm", "ln10^{10}A_s", "n_s", "tau_reio", "m_ncdm", "N_ur",
               "w0_fld", "wa_fld")
+
+#: cosmology fields that enter only the primordial spectrum P_R(k) = A_s (k/k_pivot)^(n_s - 1):
+#: the perturbations are solved at unit primordial curvature, so the tables, the modes' rows and
+#: their initial states do not depend on them
+PRIMORDIAL_FIELDS = ("A_s", "n_s", "k_pivot")
 
 _SCALARS = ("h", "omega_b", "omega_cdm", "A_s", "n_s", "tau_reio", "N_ur", "w0_fld", "wa_fld",
             "YHe", "T_cmb", "k_pivot")
@@ -82,6 +88,17 @@ class ParameterMap:
         self.theta0 = jnp.asarray([self._fiducial(kind, leaf) for kind, leaf in parsed],
                                   jnp.float64)
 
+    @property
+    def solve_directions(self) -> np.ndarray:
+        """Indices (into θ) of the parameters the perturbation solve's inputs depend on: all but
+        the primordial ones (``PRIMORDIAL_FIELDS``, ``ln10^{10}A_s``), whose tangents of the
+        tables, rows and initial states are exactly zero -- a sensitivity solve along them
+        would integrate zeros at the cost of any other direction. At least one index (the
+        first parameter) when every parameter is primordial: the joint solve gives the values."""
+        keep = [j for j, (kind, leaf) in enumerate(self.parsed)
+                if not (kind == "ln10As" or (kind == "scalar" and leaf in PRIMORDIAL_FIELDS))]
+        return np.asarray(keep or [0], np.int64)
+
     def _fiducial(self, kind, leaf) -> float:
         c = self.cosmo0
         if kind == "ln10As":
@@ -110,6 +127,21 @@ class ParameterMap:
         if any(kind in ("m_all", "m_one") for kind, _ in self.parsed):
             updates["m_ncdm"] = m
         return dataclasses.replace(c, **updates)
+
+
+def jvps_along(f, theta, directions):
+    """(f(θ), tangents of f along the unit vectors of θ's ``directions`` with that axis first):
+    ``jax.jacfwd(f)(θ)``'s columns ``directions`` (moved to the front), the primal computed once."""
+    basis = jnp.eye(theta.size, dtype=theta.dtype)[np.asarray(directions)]
+    return jax.vmap(lambda e: jax.jvp(f, (theta,), (e,)), out_axes=(None, 0))(basis)
+
+
+def widen(tangents, directions, m: int):
+    """Tangents along ``directions`` (that axis first, on every leaf) as tangents along all m
+    parameters, zero along the others."""
+    idx = np.asarray(directions)
+    return jax.tree_util.tree_map(
+        lambda t: jnp.zeros((m,) + t.shape[1:], t.dtype).at[idx].set(t), tangents)
 
 
 def one(cosmo: CosmoParams) -> CosmoParams:

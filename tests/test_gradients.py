@@ -329,6 +329,27 @@ def test_sensitivity_problem_reproduces_the_jacobian(exact):
     assert np.abs(got - want).max() <= 1e-4 * scale, (got, want)
 
 
+def test_primordial_parameters_get_no_sensitivity_direction(exact):
+    """The solve's inputs (initial states, mode rows, tables) do not depend on A_s and n_s (the
+    modes start at unit curvature), so ``jacobian``'s joint solve leaves those two directions
+    out (``ParameterMap.solve_directions``) and their columns come from the outputs stage alone
+    (exact: test_amplitude_and_tilt_are_exact). Checked against ``sensitivity_problem``'s
+    tangents along every parameter (``jax.jacfwd``): exactly zero along the two, ``jacobian``'s
+    own inputs tangents along the others."""
+    fn, _ = exact
+    kept = fn._map.solve_directions
+    dropped = [PARAMETERS.index("ln10^{10}A_s"), PARAMETERS.index("n_s")]
+    assert sorted(set(range(len(PARAMETERS))) - set(kept.tolist())) == dropped
+    prob = fn.sensitivity_problem()
+    _, (dtable, drows, dy0, _) = fn._jit_inputs_jvp(fn.theta0)
+    for every, along in ((prob["dy0"], dy0), (prob["dparams"], drows), (prob["dargs"], dtable)):
+        every, along = np.asarray(every), np.asarray(along)
+        assert along.shape == (kept.size,) + every.shape[1:]
+        assert not np.any(every[dropped])
+        np.testing.assert_allclose(along, every[kept], rtol=1e-10,
+                                   atol=1e-12 * np.abs(every).max())
+
+
 @pytest.mark.slow  # its own Jacobian program (~35 s): outside the 20-minute default run
 def test_lambda_linearised_fluid_is_passive_and_out_of_error_control():
     """The rule behind UNCONTROLLED's fluid entries, checked on the model itself: at Λ no other

@@ -10,9 +10,10 @@ The derivative is of the whole chain, each arrow traced::
     θ → cosmology → tables (background, thermodynamics, reionisation from τ_reio)
       → mode rows and initial states at fixed start times;
         τ, e^{-κ}, g at the source samples; τ0; τ_rec           (``_inputs``)
-      → per group of modes: ``solver.solve_with_tangents`` (the states and their len(θ)
-        tangents at the samples in one joint solve) → the sources and their tangents
-        (the jvp of the source program)                          (``_sources_jvp``)
+      → per group of modes: ``solver.solve_with_tangents`` (the states and their tangents
+        at the samples in one joint solve, one direction per parameter but the primordial
+        A_s, n_s, which leave the solve's inputs unchanged: ``ParameterMap.solve_directions``)
+        → the sources and their tangents (the jvp of the source program) (``_sources_jvp``)
       → line of sight, k integral, Limber, ℓ spline, lensing: their jvp, a block of
         directions at a time                                     (``_spectra_jvp``)
 
@@ -28,8 +29,9 @@ samples in ln a (so τ_i, τ0, the trapezoid weights and the Bessel arguments k(
 switch; the late-source cut (in ln a); the interpolation cells of Limber's integral.
 
 Costs: one C_ℓ evaluation here solves the same modes as ``compute_cl``; the Jacobian runs one
-joint solve with len(θ) directions per chunk of modes and len(θ) tangent passes of the line of
-sight, whose ℓ × k × τ sums dominate on a CPU (docs/cmb.md, Gradients).
+joint solve per chunk of modes with a direction per non-primordial parameter, and a tangent pass
+of the line of sight per such parameter, whose ℓ × k × τ sums dominate on a CPU (docs/cmb.md,
+Gradients); the primordial parameters' derivatives start after the transfer functions.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ from .. import modes
 from ..perturbations import mode_inputs
 from ..runtime import require_float64
 from ..tables import tables_one
-from ..theta import ParameterMap, available_parameters, one
+from ..theta import ParameterMap, available_parameters, jvps_along, one, widen
 from .bessel import BesselTable
 from .lensing import (WignerTables, default_n_beta, input_l_max, lensed_spectra,
                       resolve_method)
@@ -155,21 +157,32 @@ class ClFunction:
         table, _ = jax.vmap(lambda c: tables_one(c, self.grid, self.model))(cosmo)
         return cosmo, table
 
-    def _inputs(self, theta):
-        """θ → (table (1, …), rows (K, P), y0 (K, n), background at the samples, {A_s, n_s,
-        k_pivot, T_cmb})."""
+    def _solve_inputs(self, theta):
+        """θ → (table (1, …), rows (K, P), y0 (K, n), background at the samples)."""
         cosmo, table = self._tables(theta)
         rows, y0 = mode_inputs(table, cosmo, self.plan.k[None], self.plan.x0, self.model,
                                self.grid)
         bg = source_background(self.model, table[0], self.grid, self.plan)
-        prim = {name: getattr(cosmo, name)[0] for name in ("A_s", "n_s", "k_pivot", "T_cmb")}
-        return table, rows, y0, bg, prim
+        return table, rows, y0, bg
+
+    def _primordial(self, theta):
+        """θ → {A_s, n_s, k_pivot, T_cmb}: what the spectra read of the cosmology directly."""
+        cosmo = self._map.cosmology(theta)
+        return {name: jnp.asarray(getattr(cosmo, name), jnp.float64)
+                for name in ("A_s", "n_s", "k_pivot", "T_cmb")}
+
+    def _inputs(self, theta):
+        """θ → (table (1, …), rows (K, P), y0 (K, n), background at the samples, {A_s, n_s,
+        k_pivot, T_cmb})."""
+        return (*self._solve_inputs(theta), self._primordial(theta))
 
     def _inputs_and_tangents(self, theta):
-        """(inputs, their tangents with the direction axis first)."""
-        inputs = self._inputs(theta)
-        tangents = jax.jacfwd(self._inputs)(theta)
-        return inputs, jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, -1, 0), tangents)
+        """(inputs, their tangents with the direction axis first): the solve's inputs along
+        the solve's directions only (``ParameterMap.solve_directions``: a primordial
+        parameter leaves them unchanged), {A_s, n_s, k_pivot, T_cmb} along every parameter."""
+        solve_in, dsolve_in = jvps_along(self._solve_inputs, theta, self._map.solve_directions)
+        prim, dprim = jvps_along(self._primordial, theta, np.arange(theta.size))
+        return (*solve_in, prim), (*dsolve_in, dprim)
 
     def _sources(self, ys, rows, table, bg, streaming):
         return evaluate_sources(self._program, ys, self.plan.x, rows, table, bg, streaming)
@@ -190,22 +203,26 @@ class ClFunction:
         values, tangents = jax.vmap(tangent, out_axes=(None, 0))(dys, drows, dtable, dbg)
         return values, tangents
 
-    def _spectra(self, srcs, bg, prim, table_args):
-        """Sources (five (K, S) arrays) → the outputs (class docstring), traceable;
-        ``table_args``: the Bessel table's (j, dj) and the lensing step's Wigner table (or
-        None), arguments of the program rather than constants compiled into it (hundreds of MB
-        and GB)."""
+    def _source_grid(self, srcs, bg):
         plan = self.plan
+        return SourceGrid(k=plan.k, tau=bg["tau"], x=plan.x, tau0=bg["tau0"],
+                          tau_rec=bg["tau_rec"], t0=srcs[0], t1=srcs[1], t2=srcs[2], e=srcs[3],
+                          phi=srcs[4], status=None, n_accepted=None, n_cmb=plan.n_cmb)
+
+    def _transfers(self, srcs, bg, table_args):
+        """Sources (five (K, S) arrays) → the line of sight's transfer functions."""
         table = dataclasses.replace(self.bessel, j=table_args[0], dj=table_args[1])
-        src = SourceGrid(k=plan.k, tau=bg["tau"], x=plan.x, tau0=bg["tau0"],
-                         tau_rec=bg["tau_rec"], t0=srcs[0], t1=srcs[1], t2=srcs[2], e=srcs[3],
-                         phi=srcs[4], status=None, n_accepted=None, n_cmb=plan.n_cmb)
-        tr = transfer_functions(src, self.ells, self.k_transfer, table, l_late=L_LATE,
-                                l_limber=self.l_limber, window=self.window,
-                                spline_degree=self.sampling.k_spline_degree,
-                                batch=self.los_batch)
-        sampled = sampled_spectra(tr, src, prim["A_s"], prim["n_s"], prim["k_pivot"],
-                                  T_cmb=prim["T_cmb"], l_limber=self.l_limber,
+        return transfer_functions(self._source_grid(srcs, bg), self.ells, self.k_transfer,
+                                  table, l_late=L_LATE, l_limber=self.l_limber,
+                                  window=self.window, spline_degree=self.sampling.k_spline_degree,
+                                  batch=self.los_batch)
+
+    def _from_transfers(self, tr, srcs, bg, prim, table_args):
+        """Transfer functions → the outputs (class docstring): the k integral with the
+        primordial spectrum, Limber, the ℓ spline, lensing."""
+        plan = self.plan
+        sampled = sampled_spectra(tr, self._source_grid(srcs, bg), prim["A_s"], prim["n_s"],
+                                  prim["k_pivot"], T_cmb=prim["T_cmb"], l_limber=self.l_limber,
                                   with_pp=self.with_pp, tau_fid=plan.tau_fid,
                                   tau0_fid=plan.tau0_fid)
         cl = every_ell(sampled, self.ells, self.l_max, self.names, self.sampling.l_spline_degree)
@@ -217,16 +234,29 @@ class ClFunction:
             out.update({f"lensed_{name}": v for name, v in lensed.items()})
         return out
 
+    def _spectra(self, srcs, bg, prim, table_args):
+        """Sources (five (K, S) arrays) → the outputs (class docstring), traceable;
+        ``table_args``: the Bessel table's (j, dj) and the lensing step's Wigner table (or
+        None), arguments of the program rather than constants compiled into it (hundreds of MB
+        and GB)."""
+        return self._from_transfers(self._transfers(srcs, bg, table_args), srcs, bg, prim,
+                                    table_args)
+
     def _spectra_jvp(self, srcs, bg, prim, dsrcs, dbg, dprim, table_args):
-        """(outputs, ∂outputs with the direction axis last), ``direction_block`` directions per
-        pass (``lax.map`` over blocks bounds the memory of the line of sight's tangents)."""
+        """(outputs, ∂outputs with the direction axis last). ``dsrcs``, ``dbg`` are along the
+        solve's directions, ``dprim`` along every parameter. The solve's directions pass
+        through the line of sight, ``direction_block`` at a time (``lax.map`` over blocks
+        bounds the memory of its tangents); a primordial parameter's moves only what follows
+        the transfer functions, which are computed once for it."""
+        S = self._map.solve_directions
+        m = jax.tree_util.tree_leaves(dprim)[0].shape[0]
         spectra = functools.partial(self._spectra, table_args=table_args)
-        values = spectra(srcs, bg, prim)
-        tangents = (dsrcs, dbg, dprim)
-        m = jax.tree_util.tree_leaves(tangents)[0].shape[0]
-        b = min(self.direction_block, m)
-        n_blocks = -(-m // b)
-        pad = n_blocks * b - m
+        tr = self._transfers(srcs, bg, table_args)
+        values = self._from_transfers(tr, srcs, bg, prim, table_args)
+        tangents = (dsrcs, dbg, jax.tree_util.tree_map(lambda t: t[S], dprim))
+        b = min(self.direction_block, S.size)
+        n_blocks = -(-S.size // b)
+        pad = n_blocks * b - S.size
 
         def blocked(t):
             t = jnp.concatenate([t, jnp.zeros((pad,) + t.shape[1:], t.dtype)]) if pad else t
@@ -237,9 +267,16 @@ class ClFunction:
                                                     (s, g, p))[1])(*tb)
 
         out = jax.lax.map(block, jax.tree_util.tree_map(blocked, tangents))
-        jac = jax.tree_util.tree_map(
-            lambda t: jnp.moveaxis(t.reshape((n_blocks * b,) + t.shape[2:])[:m], 0, -1), out)
-        return values, jac
+        jac = jax.tree_util.tree_map(lambda t: t.reshape((n_blocks * b,) + t.shape[2:])[:S.size],
+                                     out)
+        jac = widen(jac, S, m)
+        rest = np.setdiff1d(np.arange(m), S)
+        if rest.size:
+            after = jax.vmap(lambda p: jax.jvp(
+                lambda q: self._from_transfers(tr, srcs, bg, q, table_args), (prim,), (p,))[1])(
+                jax.tree_util.tree_map(lambda t: t[rest], dprim))
+            jac = jax.tree_util.tree_map(lambda j, a: j.at[rest].set(a), jac, after)
+        return values, jax.tree_util.tree_map(lambda t: jnp.moveaxis(t, 0, -1), jac)
 
     # -- the public calls
     def _theta(self, theta):
