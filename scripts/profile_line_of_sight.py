@@ -3,7 +3,9 @@
 ℓ = 2500 (unlensed input to ``lensing.input_l_max(2500)``), then each part of
 ``line_of_sight.transfer_functions`` timed alone, waiting for its arrays: the spline of the sources
 onto the transfer k grid, Δ^T and Δ^E of the ℓ ≤ l_late group (every τ) and of the ℓ > l_late
-group (τ up to z = 30), each over its k window, and Δ^φ for ℓ ≤ l_limber on its coarser k grid.
+group (τ up to z = 30), each over its k window, and Δ^φ for ℓ ≤ l_limber on its coarser k grid,
+each as the line of sight's compiled program with the other parts left out, then all of it.
+The first run includes the compiles.
 
     python scripts/profile_line_of_sight.py [--backend jax] [--repeat 2] [--k-window-extra 0.25]
 """
@@ -56,33 +58,33 @@ def main(argv=None) -> int:
     table = BesselTable.cached(ells, float(k[-1] * src.tau0) + 1.0)
     window = transfer_window(ells, k, src.tau, src.tau0, src.tau_rec, sampling)
     tau = jnp.asarray(src.tau)
-    chi, kj = src.tau0 - tau, jnp.asarray(k)
-    low, high = np.nonzero(ells <= args.l_late)[0], np.nonzero(ells > args.l_late)[0]
-    with_p = np.nonzero(ells <= args.l_limber)[0]
-    ip = window.phi_indices(k.size)
     n_cut = int(np.searchsorted(np.asarray(src.x), -np.log(31.0))) + 1
+    plan = los.plan_of(ells, k, table, tau.size, n_cut, l_late=args.l_late,
+                       l_limber=args.l_limber, window=window, batch=None)
+    # each part is transfer_functions' compiled program with the other parts left out
+    parts = {"late": dataclasses.replace(plan, early=None, with_p=()),
+             "early": dataclasses.replace(plan, late=None, with_p=()),
+             "phi": dataclasses.replace(plan, late=None, early=None),
+             "all": plan}
     print(f"{ells.size} multipoles to {l_max}, {k.size} transfer k (widest window "
-          f"{int(np.max(window.hi - window.lo))}, Δ^φ on {ip.size}), {tau.size} times "
+          f"{int(np.max(window.hi - window.lo))}, Δ^φ on {len(plan.ip)}), {tau.size} times "
           f"({n_cut} before z = 30)")
     print("| run | sources onto k | ℓ ≤ l_late: T, E (every τ) | ℓ > l_late: T, E (τ to z = 30) "
-          "| ℓ ≤ l_limber: φ |")
-    print("|---|---|---|---|---|")
+          "| ℓ ≤ l_limber: φ | all (one program) |")
+    print("|---|---|---|---|---|---|")
+    kj, tau0 = jnp.asarray(k), jnp.asarray(src.tau0, jnp.float64)
     for run in range(args.repeat):
         t0 = time.perf_counter()
         fine = jax.block_until_ready(los.fine_sources(src, k))
-        t1 = time.perf_counter()
-        jax.block_until_ready(los._window_rows(table, *los._grouped(low, window, k.size), kj,
-                                               chi, los.trapezoid(tau), fine))
-        t2 = time.perf_counter()
-        cut = {name: v[:, :n_cut] for name, v in fine.items()}
-        jax.block_until_ready(los._window_rows(table, *los._grouped(high, window, k.size), kj,
-                                               chi[:n_cut], los.trapezoid(tau[:n_cut]), cut))
-        t3 = time.perf_counter()
-        jax.block_until_ready(los._phi_rows(table, with_p, kj[ip][:, None] * chi[None, :],
-                                            los.trapezoid(tau), fine["phi"][ip]))
-        t4 = time.perf_counter()
-        print(f"| {run + 1} | {t1 - t0:.2f} s | {t2 - t1:.2f} s ({low.size} ℓ) | "
-              f"{t3 - t2:.2f} s ({high.size} ℓ) | {t4 - t3:.2f} s ({with_p.size} ℓ) |")
+        seconds = [time.perf_counter() - t0]
+        for name, part in parts.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(los._integrate(part, table.j, table.dj, kj, tau, tau0, fine))
+            seconds.append(time.perf_counter() - t0)
+        n_late, n_early = len(plan.late[0]), len(plan.early[0])
+        print(f"| {run + 1} | {seconds[0]:.3f} s | {seconds[1]:.3f} s ({n_late} ℓ) | "
+              f"{seconds[2]:.3f} s ({n_early} ℓ) | {seconds[3]:.3f} s ({len(plan.with_p)} ℓ) | "
+              f"{seconds[4]:.3f} s |")
     return 0
 
 

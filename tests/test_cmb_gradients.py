@@ -8,7 +8,7 @@ configs/planck_cl.yaml's cosmology with configs/lcdm_reduced.yaml's short hierar
 unlensed TT, EE, TE, PP to ℓ = 60 on a coarsened sampling with every mode in one solver group
 (compiling the joint solve is most of the test's time), three parameters that enter through
 different stages (h: distances and the Bessel arguments; omega_cdm: the perturbations; tau_reio:
-reionisation in the thermodynamics); second, the lensed spectra to ℓ = 300 (docs/cmb.md,
+reionisation in the thermodynamics) and the two primordial ones, which skip the solve; second, the lensed spectra to ℓ = 300 (docs/cmb.md,
 Gradients). The default suite checks the refusals of bad requests.
 """
 from __future__ import annotations
@@ -79,14 +79,20 @@ def test_cl_jacobian_matches_finite_differences():
         precision=load_config(CONFIGS / "lcdm_reduced.yaml").precision)
     # every mode in one solver group (photons controlled): one joint-solve program to compile
     sampling = dataclasses.replace(ClSampling().coarser(2.0), k_photon_control=10.0)
-    f = ClFunction(config, parameters=("h", "omega_cdm", "tau_reio"), sampling=sampling)
+    # A_s and n_s: no direction in the joint solve (ParameterMap.solve_directions), their
+    # columns from the transfer functions on
+    f = ClFunction(config, parameters=("h", "omega_cdm", "tau_reio", "ln10^{10}A_s", "n_s"),
+                   sampling=sampling)
     assert len({controlled for _, _, controlled in f._chunks}) == 1
+    assert f._map.solve_directions.tolist() == [0, 1, 2]
     values, jac = f.jacobian()
     plain = f()
     for k in values:       # the joint solve's values against the plain solve's
         assert np.allclose(np.asarray(values[k]), np.asarray(plain[k]), rtol=1e-4,
                            atol=1e-6 * np.max(np.abs(np.asarray(plain[k])))), k
-        assert np.asarray(jac[k]).shape == (59, 3)
+        assert np.asarray(jac[k]).shape == (59, 5)
+        # unlensed C_ℓ ∝ A_s: ∂C_ℓ/∂ln(10^10 A_s) = C_ℓ
+        np.testing.assert_allclose(np.asarray(jac[k])[:, 3], np.asarray(values[k]), rtol=1e-12)
     errors = _fd_errors(f, plain, jac)
     assert max(errors.values()) < 1e-3, errors
 

@@ -23,6 +23,7 @@ boltzmann.cmb.spectra uses Limber's approximation.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -33,7 +34,8 @@ from . import bessel
 from .k_spline import BandedSpline
 from .sampling import ClSampling, TransferWindow
 
-__all__ = ["Transfers", "transfer_functions", "fine_sources", "trapezoid", "multipole_batch"]
+__all__ = ["Transfers", "transfer_functions", "plan_of", "fine_sources", "trapezoid",
+           "multipole_batch"]
 
 def multipole_batch(width: int, n_tau: int, copies: int = 1) -> int:
     """Multipoles per iteration of the line of sight's loops when the caller gives none: 1 on
@@ -123,6 +125,61 @@ def _grouped(idx, window, n_k):
     return idx, np.minimum(lo, n_k - width), width, lo, hi
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What fixes the line of sight's program (hashable: ``_integrate``'s static argument):
+    the multipoles and the Bessel table's step, each group's (multipole indices, starts, width,
+    lo, hi) as ``_grouped`` gives them (None: an empty group), the late-source cut, the Δ^φ
+    multipoles and wavenumbers, and the multipoles per iteration of each loop."""
+
+    ells: tuple
+    dx: float
+    late: tuple | None
+    early: tuple | None
+    n_cut: int
+    with_p: tuple
+    ip: tuple
+    batches: tuple
+
+
+def _as_tuple(group):
+    return None if group is None else (tuple(int(i) for i in group[0]),
+                                       tuple(int(i) for i in group[1]), int(group[2]),
+                                       tuple(int(i) for i in group[3]),
+                                       tuple(int(i) for i in group[4]))
+
+
+@functools.partial(jax.jit, static_argnames="plan")
+def _integrate(plan: _Plan, j, dj, k, tau, tau0, fine):
+    """(T, E (L, K), P (L_P, K_P) or None) of ``transfer_functions``, one compiled program per
+    plan: run op by op, the loops and the scatters around them took 5-10 times as long on a
+    GPU as the same arithmetic compiled whole (scripts/profile_los_forms.py, docs/cmb.md)."""
+    table = bessel.BesselTable(ells=np.asarray(plan.ells), dx=plan.dx, j=j, dj=dj)
+    chi = tau0 - tau
+    w = trapezoid(tau)
+    n_ells, n_k = len(plan.ells), k.shape[0]
+    T = jnp.zeros((n_ells, n_k))
+    E = jnp.zeros((n_ells, n_k))
+    # T and E: every τ up to l_late, early τ only above it; φ: every τ, ℓ ≤ l_limber
+    if plan.late is not None:
+        t, e = _window_rows(table, *plan.late, k, chi, w, fine, batch=plan.batches[0])
+        late = np.asarray(plan.late[0])
+        T, E = T.at[late].set(t), E.at[late].set(e)
+    if plan.early is not None:
+        n = plan.n_cut
+        cut = {name: v[:, :n] for name, v in fine.items()}
+        t, e = _window_rows(table, *plan.early, k, chi[:n], trapezoid(tau[:n]), cut,
+                            batch=plan.batches[1])
+        early = np.asarray(plan.early[0])
+        T, E = T.at[early].set(t), E.at[early].set(e)
+    P = None
+    if plan.with_p:
+        ip = np.asarray(plan.ip)
+        P = _phi_rows(table, np.asarray(plan.with_p), k[ip][:, None] * chi[None, :], w,
+                      fine["phi"][ip], batch=plan.batches[2])
+    return T, E, P
+
+
 def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int = 400,
                        late_cut_tau: float | None = None, l_limber: int = 100,
                        window: TransferWindow | None = None,
@@ -138,42 +195,39 @@ def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int =
     window = TransferWindow.whole(ells.size, k.size) if window is None else window
     if window.lo.shape != ells.shape:
         raise ValueError("transfer_functions: the window must have one entry per multipole")
-    tau = jnp.asarray(src.tau)           # may be traced (the C_ℓ Jacobian): jnp throughout
-    chi = src.tau0 - tau
-    fine = fine_sources(src, k, spline_degree)
-    kj = jnp.asarray(k)
-    w = trapezoid(tau)
     if late_cut_tau is None:             # the samples are fixed in ln a: cut by x, not by τ
         n_cut = int(np.searchsorted(np.asarray(src.x), -np.log(31.0))) + 1
     else:
         n_cut = int(np.searchsorted(np.asarray(src.tau), late_cut_tau)) + 1
+    plan = plan_of(ells, k, table, int(np.shape(src.tau)[0]), n_cut, l_late=l_late,
+                   l_limber=l_limber, window=window, batch=batch)
+    fine = fine_sources(src, k, spline_degree)
+    T, E, P = _integrate(plan, table.j, table.dj, jnp.asarray(k), jnp.asarray(src.tau),
+                         jnp.asarray(src.tau0, jnp.float64), fine)
+    ip = np.asarray(plan.ip, np.int64)
+    return Transfers(ells=ells, k=np.asarray(k), T=T, E=E, ells_p=ells[list(plan.with_p)],
+                     P=P, k_p=np.asarray(k)[ip])
+
+
+def plan_of(ells, k, table, n_tau: int, n_cut: int, *, l_late: int, l_limber: int,
+            window: TransferWindow, batch: int | None) -> _Plan:
+    """The static plan of ``transfer_functions``'s program for ``n_tau`` source times, the
+    first ``n_cut`` of them before the late-source cut."""
     if np.count_nonzero(ells <= l_limber) > np.count_nonzero(ells <= l_late):
         raise ValueError("l_limber must not exceed l_late")
-    # T and E: every τ up to l_late, early τ only above it; φ: every τ, ℓ ≤ l_limber
-    T = jnp.zeros((ells.size, k.size))
-    E = jnp.zeros((ells.size, k.size))
     late = np.nonzero(ells <= l_late)[0]
     early = np.nonzero(ells > l_late)[0]
-
-    def per_iteration(width, n_tau):
-        return batch if batch is not None else multipole_batch(width, n_tau)
-
-    if late.size:
-        group = _grouped(late, window, k.size)
-        t, e = _window_rows(table, *group, kj, chi, w, fine,
-                            batch=per_iteration(group[2], tau.shape[0]))
-        T, E = T.at[late].set(t), E.at[late].set(e)
-    if early.size:
-        cut = {name: v[:, :n_cut] for name, v in fine.items()}
-        group = _grouped(early, window, k.size)
-        t, e = _window_rows(table, *group, kj, chi[:n_cut], trapezoid(tau[:n_cut]), cut,
-                            batch=per_iteration(group[2], n_cut))
-        T, E = T.at[early].set(t), E.at[early].set(e)
+    groups = [_grouped(idx, window, k.size) if idx.size else None for idx in (late, early)]
     with_p = np.nonzero(ells <= l_limber)[0]
     ip = window.phi_indices(k.size)
-    P = None
-    if with_p.size:
-        P = _phi_rows(table, with_p, kj[ip][:, None] * chi[None, :], w, fine["phi"][ip],
-                      batch=per_iteration(ip.size, tau.shape[0]))
-    return Transfers(ells=ells, k=np.asarray(k), T=T, E=E, ells_p=ells[with_p], P=P,
-                     k_p=np.asarray(k)[ip])
+
+    def per_iteration(width, tau_count):
+        return batch if batch is not None else multipole_batch(width, tau_count)
+
+    batches = (per_iteration(groups[0][2], n_tau) if groups[0] else 1,
+               per_iteration(groups[1][2], n_cut) if groups[1] else 1,
+               per_iteration(ip.size, n_tau))
+    return _Plan(ells=tuple(int(v) for v in ells), dx=float(table.dx),
+                 late=_as_tuple(groups[0]), early=_as_tuple(groups[1]), n_cut=n_cut,
+                 with_p=tuple(int(i) for i in with_p), ip=tuple(int(i) for i in ip),
+                 batches=tuple(int(b) for b in batches))
