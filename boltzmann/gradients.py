@@ -254,6 +254,12 @@ class PowerSpectrumFunction(AheadOfCall):
         return PersistedProgram(method, parts, name=f"gradients.{stage}")
 
     @property
+    def solve_directions(self) -> np.ndarray:
+        """Indices of ``parameters`` whose directions the Jacobian's joint solve integrates
+        (``theta.ParameterMap.solve_directions``: all but the primordial ones)."""
+        return self._map.solve_directions
+
+    @property
     def fluid_phases(self) -> list:
         """The neutrino-fluid switches its solves run (``fluid_phases.plan``; empty: none)."""
         return self._phases

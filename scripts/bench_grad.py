@@ -193,15 +193,17 @@ def _batch_row(fn, batch, jac_p_m) -> dict:
 
 
 def _slowest_thread(fn, backend, sec) -> dict | None:
-    """The sensitivity launch of ``fn``'s Jacobian, once more as an explicit joint solve: its
-    threads' steps and which (k, parameter) the slowest thread integrated (a launch lasts as long
-    as that thread)."""
+    """The sensitivity launch of ``fn``'s Jacobian, once more as an explicit joint solve of its
+    directions (``fn.solve_directions``): its threads' steps and which (k, parameter) the
+    slowest thread integrated (a launch lasts as long as that thread)."""
     from solver import joint_solve
 
     prob = fn.sensitivity_problem()
     prob.pop("observables")
+    kept = fn.solve_directions                   # the directions the Jacobian's solve takes
+    prob.update({name: prob[name][kept] for name in ("dy0", "dparams", "dargs")})
     _, _, info = joint_solve(**prob, backend=solver_backend(backend), sensitivity_error_control=sec)
-    return launch_note(info, list(fn.parameters), fn.k)
+    return launch_note(info, [fn.parameters[i] for i in kept], fn.k)
 
 
 def launch_note(info: dict, names, k) -> dict | None:
