@@ -43,10 +43,11 @@ def multipole_batch(width: int, n_tau: int, copies: int = 1) -> int:
     callers that size a batch by it).
 
     Why not more on a GPU: several multipoles per ``lax.map`` iteration was meant to spend fewer
-    kernel launches, but on an H200 (configs/planck_cl.yaml, 251 multipoles) eight per iteration
-    took the line of sight from 0.29 s to 0.59 s warm (docs/benchmarks.md, the H200 CMB rows):
-    the iterations' arithmetic, not their launches, bounds it there. An explicit ``batch`` still
-    takes several (the transfers are the same for any batch)."""
+    kernel launches, but compiled whole on an H100 (configs/planck_cl.yaml, the 182 multipoles
+    above l_late) four per iteration took 0.040 s against 0.023 s for one
+    (scripts/profile_los_forms.py, docs/benchmarks.md): the iterations' arithmetic, not their
+    launches, bounds it. An explicit ``batch`` still takes several (the transfers are the same
+    for any batch)."""
     del width, n_tau, copies
     return 1
 
