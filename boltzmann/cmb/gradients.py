@@ -48,9 +48,10 @@ import numpy as np
 from solver import sec_weight, solve, solve_with_tangents
 
 from .. import modes
+from ..gradients_ahead import solve_device
 from ..perturbations import mode_inputs
 from ..runtime import require_float64
-from ..tables import tables_one
+from ..tables import host_cpu, tables_one
 from ..theta import ParameterMap, available_parameters, jvps_along, one, widen
 from .bessel import BesselTable
 from .lensing import (WignerTables, default_n_beta, input_l_max, lensed_spectra,
@@ -145,6 +146,10 @@ class ClFunction:
         self._weight_rows = plan.error_weight_rows(self.model)
         self._program = source_program(self.model)
         self._jit_inputs = jax.jit(self._inputs)
+        #: run θ → inputs (and their tangents) on the host CPU when the default device is an
+        #: accelerator, as ``PowerSpectrumFunction`` does: the tables' sequential scan runs at
+        #: kernel-launch latency on a GPU (``tables.HOST_TABLES_MAX``)
+        self.inputs_on_host = host_cpu() is not None
         self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)
         self._jit_sources = jax.jit(self._sources)
         self._jit_sources_jvp = jax.jit(self._sources_jvp, static_argnames="controlled")
@@ -289,10 +294,20 @@ class ClFunction:
         inverse[order] = np.arange(order.size)
         return tuple(jnp.concatenate(parts)[jnp.asarray(inverse)] for parts in zip(*pieces))
 
+    def _host_inputs(self, program, theta):
+        """``program(theta)`` on the host CPU, its result moved to the default device, where
+        ``inputs_on_host`` (and θ is concrete); else where θ is."""
+        cpu = host_cpu() if self.inputs_on_host else None
+        if cpu is None or isinstance(theta, jax.core.Tracer):
+            return program(theta)
+        with jax.default_device(cpu):
+            out = program(jax.device_put(theta, cpu))
+        return jax.device_put(out, solve_device())
+
     def __call__(self, theta=None) -> dict:
         """The outputs at θ (default: the fiducial); raises RuntimeError naming the modes whose
         solve failed."""
-        table, rows, y0, bg, prim = self._jit_inputs(self._theta(theta))
+        table, rows, y0, bg, prim = self._host_inputs(self._jit_inputs, self._theta(theta))
         pieces, failed = [], []
         for idx, pad in self._launches:
             sol = solve(self.model.rhs, y0[pad], self.plan.x, rows[pad], args=table,
@@ -312,7 +327,7 @@ class ClFunction:
         """(values, jac): jac[name] has the output's shape + (len(θ),). On the JAX backend the
         values come from the joint solves (the steps that also control the tangents)."""
         (table, rows, y0, bg, prim), (dtable, drows, dy0, dbg, dprim) = \
-            self._jit_inputs_jvp(self._theta(theta))
+            self._host_inputs(self._jit_inputs_jvp, self._theta(theta))
         pieces, tangents = [], []
         for idx, pad, controlled in self._chunks:
             srcs, dsrcs = self._jit_sources_jvp(
