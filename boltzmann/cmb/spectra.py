@@ -18,15 +18,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.interpolate import CubicSpline, make_interp_spline
+
+from solver.caches import Cache
 
 from ..spectra import primordial_curvature_power
 from .line_of_sight import trapezoid
 from .sampling import ClSampling, trapezoid_weights
 
-__all__ = ["ClSpectra", "cl_from_transfers", "ell_spline_matrix", "limber_pp", "D_ELL_NAMES"]
+__all__ = ["ClSpectra", "cl_from_transfers", "ell_spline_matrix", "limber_pp", "limber_cells",
+           "D_ELL_NAMES"]
+
+#: ``limber_cells``' spline-derivative matrices per source grid (they depend on no cosmology)
+_SPLINE_DERIVATIVES = Cache("boltzmann.cmb.limber", maxsize=4)
 
 #: spectra of a ClSpectra, in the column order of cl.csv
 D_ELL_NAMES = ("TT", "EE", "TE", "BB", "PP")
@@ -106,17 +113,42 @@ def _lnk_weights(k):
 
 def cl_from_transfers(tr, A_s, n_s, k_pivot, *, T_cmb) -> dict:
     """{TT, EE, TE: (L_s,) [μK²], PP: (L_P,)} on the sampled ℓ of ``tr`` (line_of_sight.Transfers)."""
-    def weight(k):
-        return 4.0 * math.pi * _lnk_weights(k) * primordial_curvature_power(
-            jnp.asarray(k), A_s, n_s, k_pivot)
+    k_p = tr.k if tr.k_p is None else tr.k_p
+    return _k_integrals(tr.T, tr.E, tr.P, jnp.asarray(tr.k), _lnk_weights(tr.k),
+                        jnp.asarray(k_p), _lnk_weights(k_p), A_s, n_s, k_pivot, T_cmb)
 
-    w = weight(tr.k)
+
+@jax.jit
+def _k_integrals(T, E, P, k, w_k, k_p, w_p, A_s, n_s, k_pivot, T_cmb):
+    """``cl_from_transfers``' sums, one compiled program (the trapezoid weights in ln k
+    ``w_k``, ``w_p`` computed on the host)."""
+    w = 4.0 * math.pi * w_k * primordial_curvature_power(k, A_s, n_s, k_pivot)
     t2 = (T_cmb * 1e6) ** 2
-    out = {"TT": t2 * (tr.T * tr.T) @ w, "EE": t2 * (tr.E * tr.E) @ w,
-           "TE": t2 * (tr.T * tr.E) @ w}
-    if tr.P is not None:
-        out["PP"] = (tr.P * tr.P) @ weight(tr.k if tr.k_p is None else tr.k_p)
+    out = {"TT": t2 * (T * T) @ w, "EE": t2 * (E * E) @ w, "TE": t2 * (T * E) @ w}
+    if P is not None:
+        out["PP"] = (P * P) @ (4.0 * math.pi * w_p * primordial_curvature_power(k_p, A_s, n_s,
+                                                                                 k_pivot))
     return out
+
+
+def limber_cells(k_source, tau_h, tau0_h: float, ells) -> dict:
+    """Host arrays of Limber's integral at ``ells`` for sources at the conformal times
+    ``tau_h`` (today ``tau0_h``) on the wavenumbers ``k_source``: ``keep`` the samples at
+    χ = τ0 − τ > 1 Mpc, ``cell`` (L, S_keep) the spline cell in ln k each k = (ℓ + ½)/χ falls in,
+    ``inside`` where that k lies on the source grid, ``deriv`` the (K, K) matrix of the cubic
+    spline's node derivatives in ln k, ``lnk``, ``nu`` = ℓ + ½ (L, 1) and ``k_ends``, the grid's
+    first and last k."""
+    tau_h = np.asarray(tau_h, np.float64)
+    keep = np.nonzero((tau0_h - tau_h) > 1.0)[0]
+    lnk = np.log(np.asarray(k_source, np.float64))
+    deriv = _SPLINE_DERIVATIVES.get_or_build(
+        lnk.tobytes(), lambda: CubicSpline(lnk, np.eye(lnk.size), axis=0).derivative()(lnk))
+    nu = np.asarray(ells, np.float64)[:, None] + 0.5
+    k_h = nu / (tau0_h - tau_h[keep])[None, :]
+    k0, k1 = float(k_source[0]), float(k_source[-1])
+    cell = np.clip(np.searchsorted(lnk, np.log(np.clip(k_h, k0, k1))) - 1, 0, lnk.size - 2)
+    return {"keep": keep, "cell": cell.astype(np.int32), "inside": (k_h >= k0) & (k_h <= k1),
+            "deriv": deriv, "lnk": lnk, "nu": nu, "k_ends": np.array([k0, k1])}
 
 
 def limber_pp(src, ells, A_s, n_s, k_pivot, *, tau_fid=None, tau0_fid=None):
@@ -126,31 +158,34 @@ def limber_pp(src, ells, A_s, n_s, k_pivot, *, tau_fid=None, tau0_fid=None):
     Hermite cells with the spline's node derivatives (one matrix), so it stays a JAX gather.
     ``src.tau``, ``src.tau0`` may be traced (the C_ℓ Jacobian); the cells each k falls in are
     then fixed by the host values ``tau_fid``, ``tau0_fid`` (the fiducial cosmology's), which
-    leaves the derivative exact (the spline is C¹ across cells)."""
+    leaves the derivative exact (the spline is C¹ across cells). The cells are host arrays
+    (``limber_cells``), the sum one compiled program of them."""
     tau_h = np.asarray(src.tau if tau_fid is None else tau_fid)
     tau0_h = float(src.tau0 if tau0_fid is None else tau0_fid)
-    keep = (tau0_h - tau_h) > 1.0
-    tau = jnp.asarray(src.tau)
-    chi = (src.tau0 - tau)[keep]
+    cells = {name: jnp.asarray(v) for name, v in limber_cells(src.k, tau_h, tau0_h,
+                                                               ells).items()}
+    return _limber_sum(cells, jnp.asarray(src.phi), jnp.asarray(src.tau),
+                       jnp.asarray(src.tau0, jnp.float64), A_s, n_s, k_pivot)
+
+
+@jax.jit
+def _limber_sum(cells, phi, tau, tau0, A_s, n_s, k_pivot):
+    """``limber_pp``'s integral from its cells (``limber_cells``), traceable in the sources,
+    τ and τ0."""
+    keep, i, lnk = cells["keep"], cells["cell"], cells["lnk"]
+    chi = (tau0 - tau)[keep]
     w = trapezoid(tau)[keep]
-    lnk = np.log(src.k)
-    deriv = CubicSpline(lnk, np.eye(src.k.size), axis=0).derivative()(lnk)
-    phi = jnp.asarray(src.phi)[:, keep]                                  # (K, S)
-    dphi = jnp.asarray(deriv) @ phi
-    nu = np.asarray(ells, np.float64)[:, None] + 0.5
-    k_h = nu / (tau0_h - tau_h[keep])[None, :]                           # (L, S), host
-    i = np.clip(np.searchsorted(lnk, np.log(np.clip(k_h, src.k[0], src.k[-1]))) - 1, 0,
-                lnk.size - 2)
+    phi = phi[:, keep]                                                   # (K, S)
+    dphi = cells["deriv"] @ phi
     h = lnk[i + 1] - lnk[i]
-    k = jnp.asarray(nu) / chi[None, :]
-    t = (jnp.log(jnp.clip(k, src.k[0], src.k[-1])) - lnk[i]) / h
-    col = np.broadcast_to(np.arange(chi.shape[0])[None, :], i.shape)
+    k = cells["nu"] / chi[None, :]
+    t = (jnp.log(jnp.clip(k, cells["k_ends"][0], cells["k_ends"][1])) - lnk[i]) / h
+    col = jnp.broadcast_to(jnp.arange(chi.shape[0])[None, :], i.shape)
     f0, f1 = phi[i, col], phi[i + 1, col]
     d0, d1 = dphi[i, col] * h, dphi[i + 1, col] * h
     t2, t3 = t * t, t * t * t
     s_phi = ((2 * t3 - 3 * t2 + 1) * f0 + (t3 - 2 * t2 + t) * d0 + (-2 * t3 + 3 * t2) * f1
              + (t3 - t2) * d1)
-    inside = jnp.asarray((k_h >= src.k[0]) & (k_h <= src.k[-1]))
     pr = primordial_curvature_power(k, A_s, n_s, k_pivot)
-    integrand = jnp.where(inside, pr * s_phi * s_phi / (k ** 3 * chi ** 2), 0.0)
+    integrand = jnp.where(cells["inside"], pr * s_phi * s_phi / (k ** 3 * chi ** 2), 0.0)
     return 2.0 * math.pi ** 2 * integrand @ w
