@@ -4,10 +4,12 @@
 Each form computes the same rows as ``line_of_sight._window_rows`` for configs/planck_cl.yaml's
 ℓ ≤ l_late group (every source time) and ℓ > l_late group (times up to z = 30):
 
-- ``dot``: the τ sums as matrix-vector products (the integrand is materialised, then reduced);
+- ``dot``: the τ sums as matrix-vector products (the integrand is materialised, then reduced),
+  a cell's node values by four gathers from the table's j and j′ arrays;
 - ``sum``: the τ sums as reductions of the integrand (one fused kernel can evaluate and reduce);
 - ``packed``: ``sum`` with the Bessel table stored as (j_i, j'_i) pairs, so one gather of four
-  contiguous numbers gives a cell's two nodes;
+  contiguous numbers gives a cell's two nodes (``bessel._cells`` now interleaves the row it
+  reads the same way, inside the loop);
 - ``dotpacked``: ``dot`` with that table;
 - ``packed4``: ``packed`` with four multipoles per loop iteration.
 
@@ -55,6 +57,14 @@ def _from_nodes(ell, dx, x, t, x0, j0, j1, d0, d1, x_max):
     return tuple(jnp.where(inside, v, 0.0) for v in (j, dj, d2j, j_x2))
 
 
+def _separate_cells(jt, djt, dx, il, x):
+    """A cell's node values by four gathers from the table's two arrays (the form before
+    ``bessel._cells`` interleaved the row)."""
+    jrow, drow = jt[il], djt[il]
+    i = jnp.clip(jnp.floor(x / dx).astype(jnp.int32), 0, jrow.shape[0] - 2)
+    return x / dx - i, dx, jrow[i], jrow[i + 1], drow[i], drow[i + 1], i * dx
+
+
 def _packed_values(packed, ells, dx, x_max, il, x):
     """``bessel.values`` from the (L, 2 n_x) table of (j_i, j'_i) pairs: one 4-wide gather."""
     row = packed[il]
@@ -74,7 +84,6 @@ def _packed_values(packed, ells, dx, x_max, il, x):
 def _rows(jt, djt, packed, ells, ils, starts, lo, hi, k, chi, w, srcs, *, width, form, batch,
           dx, x_max):
     n_k = k.shape[0]
-    table = BesselTable(ells=None, dx=dx, j=jt, dj=djt)
 
     def body(args):
         il, start, first, end = args
@@ -83,7 +92,7 @@ def _rows(jt, djt, packed, ells, ils, starts, lo, hi, k, chi, w, srcs, *, width,
         x = ks[:, None] * chi[None, :]
         ell = ells[il].astype(jnp.float64)
         if form in ("dot", "sum"):
-            t_, h, j0, j1, d0, d1, x0 = bessel._cells(table, il, x)
+            t_, h, j0, j1, d0, d1, x0 = _separate_cells(jt, djt, dx, il, x)
             j, dj, d2j, j_x2 = _from_nodes(ell, dx, x, t_, x0, j0, j1, d0, d1, x_max)
         else:
             j, dj, d2j, j_x2 = _packed_values(packed, ells, dx, x_max, il, x)
@@ -107,10 +116,9 @@ def _rows(jt, djt, packed, ells, ils, starts, lo, hi, k, chi, w, srcs, *, width,
 @functools.partial(jax.jit, static_argnames=("form", "dx", "x_max"))
 def _phi(jt, djt, ils, x, w, s_phi, *, form, dx, x_max):
     """Δ^φ rows (``line_of_sight._phi_rows``) as products (``dot``) or reductions."""
-    table = BesselTable(ells=None, dx=dx, j=jt, dj=djt)
 
     def body(il):
-        t_, h, j0, j1, d0, d1, _ = bessel._cells(table, il, x)
+        t_, h, j0, j1, d0, d1, _ = _separate_cells(jt, djt, dx, il, x)
         j = jnp.where(x <= x_max, hermite(t_, h, j0, d0, j1, d1), 0.0)
         return (s_phi * j) @ w if form.startswith("dot") else jnp.sum(s_phi * j * w, axis=1)
 
