@@ -21,8 +21,8 @@ import numpy as np
 
 from .params import ConfigError, CosmoParams
 
-__all__ = ["PARAMETERS", "PRIMORDIAL_FIELDS", "ParameterMap", "parse_name", "available_parameters", "one",
-           "jvps_along", "widen"]
+__all__ = ["PARAMETERS", "PRIMORDIAL_FIELDS", "ParameterMap", "parse_name",
+           "available_parameters", "one", "jvps_along", "widen"]
 
 #: the issue's parameter list, in this order (config names)
 PARAMETERS = ("h", "omega_b", "omega_cdm", "ln10^{10}A_s", "n_s", "tau_reio", "m_ncdm", "N_ur",
