@@ -20,6 +20,7 @@
 #   cl_grad    bench_cl --gradients: the lensed C_l's value and Jacobian (ClFunction) warm
 #   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
 #              groups against a solve per group
+#   forms      profile_los_forms: the line of sight's loops written several ways, side by side
 #   cl_parts   the line of sight's parts, and the lensing step with each method (recurrence,
 #              tables) side by side
 #   profile    a third process on that cache folder under cProfile (where its seconds go), and
@@ -99,6 +100,8 @@ for s in ${STEPS:-cb d first_run profile}; do
             --backend cuda --gradients --runs 2 --out "$JOB/cl_grad" ;;
     sources)
         step sources 240 python scripts/profile_sources.py --backend cuda --repeat 3 ;;
+    forms)
+        step forms 240 python scripts/profile_los_forms.py --backend cuda --repeat 3 ;;
     cl_parts)
         step cl_los 300 python scripts/profile_line_of_sight.py --backend cuda --repeat 3
         step cl_lensing 200 python scripts/profile_lensing.py --methods recurrence,tables ;;
