@@ -156,6 +156,33 @@ def test_line_of_sight_of_analytic_sources():
             assert float(tr.E[il, ik]) == pytest.approx(want_e, rel=1e-5, abs=1e-10)
 
 
+def test_moved_windows_reuse_the_compiled_line_of_sight():
+    """The multipoles' k windows move with the cosmology (τ0, τ_rec): they are arguments of the
+    line of sight's compiled program, not part of it, so windows that moved but kept their
+    widths compile nothing new; each row is the whole-grid row kept on its own window."""
+    from boltzmann.cmb import line_of_sight as los
+
+    src = _gaussian_sources(np.linspace(0.01, 0.2, 12))
+    ells = np.array([2, 10, 60])
+    k = np.linspace(0.02, 0.15, 8)
+    table = bessel.BesselTable.build(ells, float(k[-1] * src.tau0) + 1.0, dx=0.05)
+    opts = dict(l_late=1000, late_cut_tau=src.tau0, l_limber=2)
+    whole = transfer_functions(src, ells, k, table, **opts)
+    windows = [TransferWindow(lo=np.array([0, 1, 2]), hi=np.array([4, 5, 6])),
+               TransferWindow(lo=np.array([1, 2, 4]), hi=np.array([5, 6, 8]))]
+    rows = [transfer_functions(src, ells, k, table, window=windows[0], **opts)]
+    compiled = los._program._cache_size()
+    rows.append(transfer_functions(src, ells, k, table, window=windows[1], **opts))
+    assert los._program._cache_size() == compiled
+    for tr, w in zip(rows, windows):
+        for il in range(ells.size):
+            keep = (np.arange(k.size) >= w.lo[il]) & (np.arange(k.size) < w.hi[il])
+            for name in ("T", "E"):
+                np.testing.assert_allclose(np.asarray(getattr(tr, name))[il],
+                                           np.where(keep, np.asarray(getattr(whole, name))[il],
+                                                    0.0), rtol=1e-12, atol=0)
+
+
 def test_line_of_sight_groups_do_not_change_the_transfers():
     """The multipoles are integrated in groups (with φ for ℓ ≤ l_limber, without it up to
     l_late, early times only above): where a multipole falls changes only what is computed

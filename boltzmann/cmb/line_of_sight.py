@@ -128,10 +128,11 @@ def _grouped(idx, window, n_k):
 
 @dataclass(frozen=True)
 class _Plan:
-    """What fixes the line of sight's program (hashable: ``_integrate``'s static argument):
-    the multipoles and the Bessel table's step, each group's (multipole indices, starts, width,
-    lo, hi) as ``_grouped`` gives them (None: an empty group), the late-source cut, the Δ^φ
-    multipoles and wavenumbers, and the multipoles per iteration of each loop."""
+    """The line of sight's plan: the multipoles and the Bessel table's step, each group's
+    (multipole indices, starts, width, lo, hi) as ``_grouped`` gives them (None: an empty
+    group), the late-source cut, the Δ^φ multipoles and wavenumbers, and the multipoles per
+    iteration of each loop. ``shape`` is what fixes the compiled program; the groups' indices,
+    starts and windows, which move with the cosmology (τ0, τ_rec), are its arguments."""
 
     ells: tuple
     dx: float
@@ -142,6 +143,13 @@ class _Plan:
     ip: tuple
     batches: tuple
 
+    @property
+    def shape(self) -> tuple:
+        """The static part: everything but the groups' index arrays (their widths stay)."""
+        return (self.ells, self.dx, None if self.late is None else self.late[2],
+                None if self.early is None else self.early[2], self.n_cut, self.with_p,
+                self.ip, self.batches)
+
 
 def _as_tuple(group):
     return None if group is None else (tuple(int(i) for i in group[0]),
@@ -150,34 +158,46 @@ def _as_tuple(group):
                                        tuple(int(i) for i in group[4]))
 
 
-@functools.partial(jax.jit, static_argnames="plan")
+def _group_arrays(group):
+    """A group's (indices, starts, lo, hi) as int32 arrays, the program's arguments."""
+    return None if group is None else tuple(jnp.asarray(group[n], jnp.int32) for n in (0, 1, 3, 4))
+
+
 def _integrate(plan: _Plan, j, dj, k, tau, tau0, fine):
-    """(T, E (L, K), P (L_P, K_P) or None) of ``transfer_functions``, one compiled program per
-    plan: run op by op, the loops and the scatters around them took 5-10 times as long on a
-    GPU as the same arithmetic compiled whole (scripts/profile_los_forms.py, docs/cmb.md)."""
-    table = bessel.BesselTable(ells=np.asarray(plan.ells), dx=plan.dx, j=j, dj=dj)
+    """(T, E (L, K), P (L_P, K_P) or None) of ``transfer_functions``: one compiled program per
+    ``plan.shape``, the groups' windows passed to it (a cosmology that moves them reuses it).
+    Run op by op, the loops and the scatters around them took 5-10 times as long on a GPU as
+    the same arithmetic compiled whole (scripts/profile_los_forms.py, docs/cmb.md)."""
+    return _program(plan.shape, j, dj, k, tau, tau0, fine, _group_arrays(plan.late),
+                    _group_arrays(plan.early))
+
+
+@functools.partial(jax.jit, static_argnames="shape")
+def _program(shape, j, dj, k, tau, tau0, fine, late, early):
+    ells, dx, late_width, early_width, n_cut, with_p, ip, batches = shape
+    table = bessel.BesselTable(ells=np.asarray(ells), dx=dx, j=j, dj=dj)
     chi = tau0 - tau
     w = trapezoid(tau)
-    n_ells, n_k = len(plan.ells), k.shape[0]
+    n_ells, n_k = len(ells), k.shape[0]
     T = jnp.zeros((n_ells, n_k))
     E = jnp.zeros((n_ells, n_k))
     # T and E: every τ up to l_late, early τ only above it; φ: every τ, ℓ ≤ l_limber
-    if plan.late is not None:
-        t, e = _window_rows(table, *plan.late, k, chi, w, fine, batch=plan.batches[0])
-        late = np.asarray(plan.late[0])
-        T, E = T.at[late].set(t), E.at[late].set(e)
-    if plan.early is not None:
-        n = plan.n_cut
-        cut = {name: v[:, :n] for name, v in fine.items()}
-        t, e = _window_rows(table, *plan.early, k, chi[:n], trapezoid(tau[:n]), cut,
-                            batch=plan.batches[1])
-        early = np.asarray(plan.early[0])
-        T, E = T.at[early].set(t), E.at[early].set(e)
+    if late is not None:
+        ils, starts, lo, hi = late
+        t, e = _window_rows(table, ils, starts, late_width, lo, hi, k, chi, w, fine,
+                            batch=batches[0])
+        T, E = T.at[ils].set(t), E.at[ils].set(e)
+    if early is not None:
+        ils, starts, lo, hi = early
+        cut = {name: v[:, :n_cut] for name, v in fine.items()}
+        t, e = _window_rows(table, ils, starts, early_width, lo, hi, k, chi[:n_cut],
+                            trapezoid(tau[:n_cut]), cut, batch=batches[1])
+        T, E = T.at[ils].set(t), E.at[ils].set(e)
     P = None
-    if plan.with_p:
-        ip = np.asarray(plan.ip)
-        P = _phi_rows(table, np.asarray(plan.with_p), k[ip][:, None] * chi[None, :], w,
-                      fine["phi"][ip], batch=plan.batches[2])
+    if with_p:
+        ipa = np.asarray(ip)
+        P = _phi_rows(table, np.asarray(with_p), k[ipa][:, None] * chi[None, :], w,
+                      fine["phi"][ipa], batch=batches[2])
     return T, E, P
 
 
