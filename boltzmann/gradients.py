@@ -68,7 +68,7 @@ from solver.persisted import PersistedProgram
 
 from . import derived as derived_mod
 from . import distances, fluid_phases, modes
-from .gradients_ahead import AheadOfCall, parallel_solves, solve_device, solve_sharding
+from .gradients_ahead import AheadOfCall, parallel_solves, run_on_host, solve_sharding
 from .params import ConfigError, CosmoParams
 from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
                             solve_modes, solve_modes_with_tangents, transfers_of_states)
@@ -331,12 +331,7 @@ class PowerSpectrumFunction(AheadOfCall):
         """``program(theta)`` on the host CPU, its result moved to the default device; or run
         where it is when the inputs are not placed on the host (``inputs_on_host``)."""
         cpu, theta = self._inputs_theta(theta)
-        if cpu is None:
-            return jax.block_until_ready(program(theta))
-        target = solve_device()
-        with jax.default_device(cpu):
-            out = program(theta)
-        return jax.device_put(out, target)
+        return run_on_host(program, theta, cpu)
 
     # the Jacobian by the chain rule over the stages, one compiled program each
     def _solve_inputs_and_thermo(self, theta):

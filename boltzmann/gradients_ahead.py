@@ -41,7 +41,7 @@ from .tables import host_cpu
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AheadOfCall", "solve_device", "solve_sharding", "parallel_solves"]
+__all__ = ["AheadOfCall", "solve_device", "solve_sharding", "parallel_solves", "run_on_host"]
 
 
 def solve_device():
@@ -52,6 +52,18 @@ def solve_device():
     if isinstance(device, str):
         return jax.devices(device)[0]
     return device if device is not None else jax.devices()[0]
+
+
+def run_on_host(program, theta, cpu):
+    """``program(theta)`` on the host CPU device ``cpu`` (θ put there), its result moved to
+    ``solve_device()``; ``cpu`` None: where θ is. Why: the inputs stages' tables run a
+    sequential scan, at kernel-launch latency on a GPU (``tables.HOST_TABLES_MAX``)."""
+    if cpu is None:
+        return jax.block_until_ready(program(theta))
+    target = solve_device()
+    with jax.default_device(cpu):
+        out = program(jax.device_put(theta, cpu))
+    return jax.device_put(out, target)
 
 
 def solve_sharding():

@@ -42,42 +42,12 @@ from models.hermite import hermite
 NAMES = ("t0", "t1", "t2", "e")
 
 
-def _d2(ell, x, j, dj):
-    return bessel._second_derivative(ell, x, j, dj)
-
-
-def _from_nodes(ell, dx, x, t, x0, j0, j1, d0, d1, x_max):
-    dd0, dd1 = _d2(ell, x0, j0, d0), _d2(ell, x0 + dx, j1, d1)
-    j = hermite(t, dx, j0, d0, j1, d1)
-    dj = hermite(t, dx, d0, dd0, d1, dd1)
-    d2j = _d2(ell, x, j, dj)
-    safe = jnp.where(x > 1e-3, x, 1.0)
-    j_x2 = jnp.where(x > 1e-3, j / (safe * safe), jnp.where(ell == 2, 1.0 / 15.0, 0.0))
-    inside = x <= x_max
-    return tuple(jnp.where(inside, v, 0.0) for v in (j, dj, d2j, j_x2))
-
-
 def _separate_cells(jt, djt, dx, il, x):
     """A cell's node values by four gathers from the table's two arrays (the form before
     ``bessel._cells`` interleaved the row)."""
     jrow, drow = jt[il], djt[il]
     i = jnp.clip(jnp.floor(x / dx).astype(jnp.int32), 0, jrow.shape[0] - 2)
     return x / dx - i, dx, jrow[i], jrow[i + 1], drow[i], drow[i + 1], i * dx
-
-
-def _packed_values(packed, ells, dx, x_max, il, x):
-    """``bessel.values`` from the (L, 2 n_x) table of (j_i, j'_i) pairs: one 4-wide gather."""
-    row = packed[il]
-    n = row.shape[0] // 2
-    u = x / dx
-    i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, n - 2)
-    dnums = jax.lax.GatherDimensionNumbers(offset_dims=(x.ndim,), collapsed_slice_dims=(),
-                                           start_index_map=(0,))
-    q = jax.lax.gather(row, (2 * i)[..., None], dnums, slice_sizes=(4,),
-                       mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
-    ell = ells[il].astype(jnp.float64)
-    return _from_nodes(ell, dx, x, u - i, i * dx, q[..., 0], q[..., 2], q[..., 1], q[..., 3],
-                       x_max)
 
 
 @functools.partial(jax.jit, static_argnames=("width", "form", "batch", "dx", "x_max"))
@@ -91,11 +61,9 @@ def _rows(jt, djt, packed, ells, ils, starts, lo, hi, k, chi, w, srcs, *, width,
         s0, s1, s2, se = (jax.lax.dynamic_slice_in_dim(srcs[n], start, width) for n in NAMES)
         x = ks[:, None] * chi[None, :]
         ell = ells[il].astype(jnp.float64)
-        if form in ("dot", "sum"):
-            t_, h, j0, j1, d0, d1, x0 = _separate_cells(jt, djt, dx, il, x)
-            j, dj, d2j, j_x2 = _from_nodes(ell, dx, x, t_, x0, j0, j1, d0, d1, x_max)
-        else:
-            j, dj, d2j, j_x2 = _packed_values(packed, ells, dx, x_max, il, x)
+        cells = (_separate_cells(jt, djt, dx, il, x) if form in ("dot", "sum")
+                 else bessel._row_cells(packed[il], dx, x))
+        j, dj, d2j, j_x2 = bessel._values_at(ell, x, cells, x_max)
         pref_e = jnp.sqrt((ell + 2.0) * (ell + 1.0) * ell * (ell - 1.0))
         index = start + jnp.arange(width)
         keep = (index >= first) & (index < end)

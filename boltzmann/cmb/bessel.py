@@ -164,16 +164,18 @@ def _cells(table: BesselTable, il, x):
     whole table interleaved, the line of sight's ℓ > 400 loop took 0.023 s against 0.029 s
     (scripts/profile_los_forms.py, docs/benchmarks.md); interleaving one row per call costs a
     copy of that row."""
-    jrow, drow = table.j[il], table.dj[il]
-    n = jrow.shape[0]
-    u = x / table.dx
-    i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, n - 2)
-    pairs = jnp.stack([jrow, drow], axis=-1).reshape(-1)
+    return _row_cells(jnp.stack([table.j[il], table.dj[il]], axis=-1).reshape(-1), table.dx, x)
+
+
+def _row_cells(pairs, dx: float, x):
+    """``_cells`` from one multipole's interleaved row ``pairs`` (2 n_x,)."""
+    u = x / dx
+    i = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, pairs.shape[0] // 2 - 2)
     dims = jax.lax.GatherDimensionNumbers(offset_dims=(jnp.ndim(x),), collapsed_slice_dims=(),
                                           start_index_map=(0,))
     q = jax.lax.gather(pairs, (2 * i)[..., None], dims, slice_sizes=(4,),
                        mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
-    return u - i, table.dx, q[..., 0], q[..., 2], q[..., 1], q[..., 3], i * table.dx
+    return u - i, dx, q[..., 0], q[..., 2], q[..., 1], q[..., 3], i * dx
 
 
 def j_only(table: BesselTable, il, x):
@@ -187,7 +189,12 @@ def values(table: BesselTable, il, x):
 
     Past the table's end (x > x_max) every value is 0 (callers keep x inside)."""
     ell = jnp.asarray(table.ells)[il].astype(jnp.float64)
-    t, h, j0, j1, d0, d1, x0 = _cells(table, il, x)
+    return _values_at(ell, x, _cells(table, il, x), table.x_max)
+
+
+def _values_at(ell, x, cells, x_max: float):
+    """``values`` from the cells' node values (``_cells``) of multipole ``ell``."""
+    t, h, j0, j1, d0, d1, x0 = cells
     dd0 = _second_derivative(ell, x0, j0, d0)
     dd1 = _second_derivative(ell, x0 + h, j1, d1)
     j = hermite(t, h, j0, d0, j1, d1)
@@ -195,5 +202,5 @@ def values(table: BesselTable, il, x):
     d2j = _second_derivative(ell, x, j, dj)
     safe = jnp.where(x > 1e-3, x, 1.0)
     j_x2 = jnp.where(x > 1e-3, j / (safe * safe), jnp.where(ell == 2, 1.0 / 15.0, 0.0))
-    inside = x <= table.x_max
+    inside = x <= x_max
     return tuple(jnp.where(inside, v, 0.0) for v in (j, dj, d2j, j_x2))

@@ -48,7 +48,7 @@ import numpy as np
 from solver import sec_weight, solve, solve_with_tangents
 
 from .. import modes
-from ..gradients_ahead import solve_device
+from ..gradients_ahead import run_on_host
 from ..perturbations import mode_inputs
 from ..runtime import require_float64
 from ..tables import host_cpu, tables_one
@@ -300,9 +300,7 @@ class ClFunction:
         cpu = host_cpu() if self.inputs_on_host else None
         if cpu is None or isinstance(theta, jax.core.Tracer):
             return program(theta)
-        with jax.default_device(cpu):
-            out = program(jax.device_put(theta, cpu))
-        return jax.device_put(out, solve_device())
+        return run_on_host(program, theta, cpu)
 
     def __call__(self, theta=None) -> dict:
         """The outputs at θ (default: the fiducial); raises RuntimeError naming the modes whose

@@ -126,13 +126,14 @@ def _grouped(idx, window, n_k):
     return idx, np.minimum(lo, n_k - width), width, lo, hi
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Plan:
     """The line of sight's plan: the multipoles and the Bessel table's step, each group's
     (multipole indices, starts, width, lo, hi) as ``_grouped`` gives them (None: an empty
     group), the late-source cut, the Δ^φ multipoles and wavenumbers, and the multipoles per
-    iteration of each loop. ``shape`` is what fixes the compiled program; the groups' indices,
-    starts and windows, which move with the cosmology (τ0, τ_rec), are its arguments."""
+    iteration of each loop. ``shape`` (hashable) is what fixes the compiled program; the
+    groups' indices, starts and windows, which move with the cosmology (τ0, τ_rec), are its
+    arguments."""
 
     ells: tuple
     dx: float
@@ -149,13 +150,6 @@ class _Plan:
         return (self.ells, self.dx, None if self.late is None else self.late[2],
                 None if self.early is None else self.early[2], self.n_cut, self.with_p,
                 self.ip, self.batches)
-
-
-def _as_tuple(group):
-    return None if group is None else (tuple(int(i) for i in group[0]),
-                                       tuple(int(i) for i in group[1]), int(group[2]),
-                                       tuple(int(i) for i in group[3]),
-                                       tuple(int(i) for i in group[4]))
 
 
 def _group_arrays(group):
@@ -249,6 +243,6 @@ def plan_of(ells, k, table, n_tau: int, n_cut: int, *, l_late: int, l_limber: in
                per_iteration(groups[1][2], n_cut) if groups[1] else 1,
                per_iteration(ip.size, n_tau))
     return _Plan(ells=tuple(int(v) for v in ells), dx=float(table.dx),
-                 late=_as_tuple(groups[0]), early=_as_tuple(groups[1]), n_cut=n_cut,
+                 late=groups[0], early=groups[1], n_cut=n_cut,
                  with_p=tuple(int(i) for i in with_p), ip=tuple(int(i) for i in ip),
                  batches=tuple(int(b) for b in batches))

@@ -122,12 +122,14 @@ def cl_from_transfers(tr, A_s, n_s, k_pivot, *, T_cmb) -> dict:
 def _k_integrals(T, E, P, k, w_k, k_p, w_p, A_s, n_s, k_pivot, T_cmb):
     """``cl_from_transfers``' sums, one compiled program (the trapezoid weights in ln k
     ``w_k``, ``w_p`` computed on the host)."""
-    w = 4.0 * math.pi * w_k * primordial_curvature_power(k, A_s, n_s, k_pivot)
+    def weight(k, w):
+        return 4.0 * math.pi * w * primordial_curvature_power(k, A_s, n_s, k_pivot)
+
+    w = weight(k, w_k)
     t2 = (T_cmb * 1e6) ** 2
     out = {"TT": t2 * (T * T) @ w, "EE": t2 * (E * E) @ w, "TE": t2 * (T * E) @ w}
     if P is not None:
-        out["PP"] = (P * P) @ (4.0 * math.pi * w_p * primordial_curvature_power(k_p, A_s, n_s,
-                                                                                 k_pivot))
+        out["PP"] = (P * P) @ weight(k_p, w_p)
     return out
 
 

@@ -33,8 +33,8 @@ from .sampling import ClSampling, multipoles, transfer_wavenumbers, transfer_win
 from .sources import compute_sources
 from .spectra import ClSpectra, cl_from_transfers, ell_spline_matrix, limber_pp
 
-__all__ = ["compute_cl", "cl_for_config", "config_tables", "check_request", "sampled_spectra", "every_ell",
-           "method_breaks", "sampled_multipoles",
+__all__ = ["compute_cl", "cl_for_config", "config_tables", "check_request", "sampled_spectra",
+           "every_ell", "method_breaks", "sampled_multipoles",
            "SPECTRA", "L_MAX_RANGE", "L_LIMBER", "L_LATE"]
 
 #: the spectra a run can ask for (config output.cl)
