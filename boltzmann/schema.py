@@ -137,11 +137,11 @@ PRECISION_TABLE: dict[str, Key] = {
                               "solver's error norm (weight 0: their error no longer reaches the "
                               "metric and CDM there; fewer steps for the slowest modes); 1e3 "
                               "keeps every mode at baryon_error_weight"),
-    "sensitivity_error_weight": Key("float", 0.1, Interval(0.0, 1.0), "-",
+    "sensitivity_error_weight": Key("float", 0.01, Interval(0.0, 1.0), "-",
                                     "weight of the P(k) derivatives' sensitivities in the solver's "
-                                    "error norm (controlled at rtol / weight; 0.1: half the steps "
-                                    "of weight 1 at 10 h/Mpc, dlnP within 7e-5 of each parameter's "
-                                    "scale; 0 leaves tau_reio's 5e-2 off)"),
+                                    "error norm (controlled at rtol / weight; 0.01: 0.62x the "
+                                    "steps of weight 0.1 at 10 h/Mpc, dlnP within 1.7e-4 of each "
+                                    "parameter's scale as at 0.1; 0 leaves tau_reio's 5e-2 off)"),
     "l_max_g": Key("int", 20, Interval(4, 200), "-",
                    "photon temperature hierarchy truncation"),
     "l_max_pol_g": Key("int", 15, Interval(4, 200), "-",
