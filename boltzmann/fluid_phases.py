@@ -57,12 +57,8 @@ def phase_chunks(chunks, active: np.ndarray, n_modes: int) -> list:
 
 
 def phase_weights(form_model, model, weights) -> np.ndarray:
-    """The error weights of a form of ``model`` with the baryon weight ``weights`` gives: one
-    row for a row (n,), a row per mode for rows (N, n)."""
-    baryon = modes.baryon_weights(weights, model)
-    if baryon.ndim == 0:
-        return modes.error_weights(form_model, float(baryon))
-    return np.stack([modes.error_weights(form_model, float(b)) for b in baryon])
+    """The error weights of a form of ``model`` with the baryon weight ``weights`` gives."""
+    return modes.error_weights(form_model, float(np.asarray(weights)[model.index("delta_b")]))
 
 
 def to_next(current, nxt, y, x, rows, table, dy=None, drows=None, dtable=None):

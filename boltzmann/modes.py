@@ -255,36 +255,21 @@ UNCONTROLLED = ("F_g_", "G_g_", "F_ur_", "Psi_", "delta_de_", "theta_de_", "delt
 BARYON_STATES = ("delta_b", "theta_b")
 
 
-def error_weights(model, baryon_weight: float = 1.0, *, k=None,
-                  baryon_k_max: float = np.inf) -> np.ndarray:
+def error_weights(model, baryon_weight: float = 1.0) -> np.ndarray:
     """1 for the metric, CDM and fluid variables, ``baryon_weight`` for δ_b and θ_b, 0 for the
-    hierarchies and the Λ-linearised fluid (module docstring and UNCONTROLLED): one row (n,).
+    hierarchies and the Λ-linearised fluid (module docstring and UNCONTROLLED).
 
     ``baryon_weight`` < 1 holds the baryons to a looser tolerance: before recombination they
     oscillate with the photons, and resolving those acoustic oscillations at rtol is what sets
     the step count of the modes above k ≈ 1 h/Mpc (precision key ``baryon_error_weight``,
-    docs/perturbations.md).  With the modes' ``k`` (N,) [1/Mpc], a row per mode (N, n): the
-    modes above ``baryon_k_max`` leave the baryons out (weight 0; precision key
-    ``baryon_error_k_max``) — there the baryons' error no longer reaches the metric and CDM
-    they feed, while below it a weight of 0 lets δ_m drift by 2e-4."""
+    docs/perturbations.md)."""
     w = np.ones(model.n)
-    baryons = np.zeros(model.n, bool)
     for i, name in enumerate(model.state_names):
         if name.startswith(UNCONTROLLED):
             w[i] = 0.0
         elif name in BARYON_STATES:
             w[i] = float(baryon_weight)
-            baryons[i] = True
-    if k is None:
-        return w
-    rows = np.tile(w, (np.size(k), 1))
-    rows[np.ravel(k) > baryon_k_max] *= ~baryons
-    return rows
-
-
-def baryon_weights(weights, model) -> np.ndarray:
-    """The baryon weight of ``error_weights``' row (a number) or rows ((N,) per mode)."""
-    return np.asarray(weights)[..., model.index("delta_b")]
+    return w
 
 
 #: the k range [h/Mpc] σ(R = 8 Mpc/h) is integrated over when the requested grid is shorter.

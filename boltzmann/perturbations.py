@@ -135,9 +135,7 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     rows = rows_all[order]
     x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
     modes.check_start_times(x0, grid, x_save, precision)
-    weights = modes.error_weights(model, precision.baryon_error_weight,
-                                  k=rows[:, model.param_index("k")],
-                                  baryon_k_max=precision.baryon_error_k_max)
+    weights = modes.error_weights(model, precision.baryon_error_weight)
     timings = {"initial_conditions": time.perf_counter() - t0}
 
     t0 = time.perf_counter()
@@ -198,8 +196,7 @@ def _solve_in_chunks(model, y0, x0, t_save, rows, tables, precision, weights, ba
         pad = np.concatenate([idx, np.full(n_chunk - idx.size, idx[-1])])
         ts = t_save[pad] if t_save.ndim == 2 else t_save
         sol = solve(model.rhs, y0[pad], ts, rows[pad], args=tables.model_table, t0=x0[pad],
-                    rtol=precision.rtol, atol=precision.atol,
-                    error_weights=weights if np.ndim(weights) == 1 else weights[pad],
+                    rtol=precision.rtol, atol=precision.atol, error_weights=weights,
                     backend=backend, max_steps=int(max_steps))
         m = idx.size
         ys_chunks.append(sol.ys[:m])
@@ -365,8 +362,7 @@ def _phased(solve_phase, model, phases, y0, dy0, x0, x_save, rows, drows, table,
         # for one (n_active, S) save array); shared save times when no mode switches
         t_save = (np.where(switching[:, None], x_sw[:, None], x_save[None, :])
                   if switching.any() else x_save)
-        w = weights if np.ndim(weights) == 1 else np.asarray(weights)[active]
-        w = w if current is model else fluid_phases.phase_weights(current, model, w)
+        w = weights if current is model else fluid_phases.phase_weights(current, model, weights)
         ys, dys = solve_phase(current, active, y, t_save, p, x_start, w,
                               fluid_phases.phase_chunks(chunks, active, N), dy, dp)
         if current is model and not switching.any():

@@ -132,11 +132,6 @@ PRECISION_TABLE: dict[str, Key] = {
                                "weight of delta_b and theta_b in the solver's error norm of the "
                                "P(k) modes (0.03: 42% fewer steps at 10 h/Mpc than weight 1, "
                                "delta_m within 2e-5 of a converged solve; 0 moves P by 4e-4)"),
-    "baryon_error_k_max": Key("float", 0.2, Interval(0.0, 1e3), "1/Mpc",
-                              "the P(k) modes above this k leave delta_b and theta_b out of the "
-                              "solver's error norm (weight 0: their error no longer reaches the "
-                              "metric and CDM there; fewer steps for the slowest modes); 1e3 "
-                              "keeps every mode at baryon_error_weight"),
     "sensitivity_error_weight": Key("float", 0.01, Interval(0.0, 1.0), "-",
                                     "weight of the P(k) derivatives' sensitivities in the solver's "
                                     "error norm (controlled at rtol / weight; 0.01: 0.62x the "

@@ -16,11 +16,9 @@ share, steps per mode, and the largest relative P(k) difference between the two.
     python scripts/bench_jacobian_kinds.py --backend cuda --variants direct,unrolled --out DIR
     python scripts/bench_jacobian_kinds.py --backend jax --cosmologies 1 --k-per-decade 4  # CPU
     python scripts/bench_jacobian_kinds.py --backend cuda --variants bw=1,bw=0.1 --out DIR
-    python scripts/bench_jacobian_kinds.py --backend cuda --variants bk=1000,bk=0.2 --out DIR
     python scripts/bench_jacobian_kinds.py --backend cuda --variants warp,thread --out DIR
 
-A variant ``bw=W`` is the model as it is ("direct") solved with ``baryon_error_weight`` = W,
-``bk=K`` with ``baryon_error_k_max`` = K [1/Mpc] (1e3: every mode at the baryon weight);
+A variant ``bw=W`` is the model as it is ("direct") solved with ``baryon_error_weight`` = W;
 ``warp`` and ``thread`` are the model as it is on ``CudaBackend(kernel="warp" | "thread")``
 (``direct`` and the other variants use the backend's default, the warp kernel for this model).
 """
@@ -99,23 +97,16 @@ def _stages(kind):
     return kernel_stages(False) if kind == "unrolled" else contextlib.nullcontext()
 
 
-#: precision variants: prefix -> (precision key, allowed interval)
-PRECISION_VARIANTS = {"bw": ("baryon_error_weight", (0.0, 1.0)),
-                      "bk": ("baryon_error_k_max", (0.0, 1e3))}
-
-
-def with_precision(cfg, variant: str):
-    """``cfg`` with the precision key of a ``bw=W`` or ``bk=K`` variant."""
-    prefix, _, value = variant.partition("=")
-    key, (lo, hi) = PRECISION_VARIANTS[prefix]
+def with_baryon_weight(cfg, variant: str):
+    """``cfg`` with the precision's ``baryon_error_weight`` of a ``bw=W`` variant."""
     try:
-        v = float(value)
+        w = float(variant.split("=", 1)[1])
     except ValueError:
-        raise SystemExit(f"--variants {variant}: expected {prefix}=<number in [{lo}, {hi}]>") \
-            from None
-    if not lo <= v <= hi:
-        raise SystemExit(f"--variants {variant}: {key} must lie in [{lo}, {hi}]")
-    return dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, **{key: v}))
+        raise SystemExit(f"--variants {variant}: expected bw=<weight between 0 and 1>") from None
+    if not 0.0 <= w <= 1.0:
+        raise SystemExit(f"--variants {variant}: the weight must lie in [0, 1]")
+    return dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision,
+                                                                  baryon_error_weight=w))
 
 
 def run_stages(cosmologies, cfg, model, backend):
@@ -141,8 +132,7 @@ def main(argv=None):
                     help="override the config's k sampling (a quick CPU run)")
     ap.add_argument("--variants", default="direct,colored",
                     help="comma-separated: direct, colored, unrolled (CUDA: stages unrolled), "
-                         "bw=W (direct with baryon_error_weight W), bk=K (direct with "
-                         "baryon_error_k_max K [1/Mpc])")
+                         "bw=W (direct with baryon_error_weight W)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     settings = Settings.from_environment()
@@ -157,7 +147,7 @@ def main(argv=None):
              "unrolled": lambda: distinct(base), "warp": lambda: base,
              "thread": lambda: distinct(base)}
     variants = args.variants.split(",")
-    bad = [v for v in variants if v not in known and v.partition("=")[0] not in PRECISION_VARIANTS]
+    bad = [v for v in variants if v not in known and not v.startswith("bw=")]
     if bad:
         ap.error(f"--variants: unknown {bad}; choose from {sorted(known)}")
     if {"unrolled", "warp", "thread"} & set(variants) and args.backend != "cuda":
@@ -165,7 +155,7 @@ def main(argv=None):
     backends = {v: backend_for(args.backend, settings, kernel=v) if v in ("warp", "thread")
                 else backend for v in variants}
     models = {v: known[v]() if v in known else base for v in variants}
-    configs = {v: with_precision(cfg, v) if "=" in v else cfg for v in variants}
+    configs = {v: with_baryon_weight(cfg, v) if v.startswith("bw=") else cfg for v in variants}
     machine = os.environ.get("BENCH_MACHINE", platform.node())
     date = datetime.date.today().isoformat()
     command = "python scripts/bench_jacobian_kinds.py " + " ".join(argv or sys.argv[1:])

@@ -5,8 +5,6 @@
 #   hosttables one cosmology's tables on the host CPU: as is, on one core (taskset), and with
 #              XLA:CPU's Eigen threads off
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
-#   bk         the baryons out of the error norm above baryon_error_k_max against every mode at
-#              the baryon weight (bench_jacobian_kinds bk=1000,bk=0.2): 1 and 256 cosmologies
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
 #   first_run_1t   the main job's first and second process with that pool
 #   d_1t       bench_gpu part d with that pool (hostpool_more is first_run_1t, then d_1t)
@@ -80,9 +78,6 @@ for s in ${STEPS:-cb d first_run profile}; do
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
-    bk)
-        step bench_bk 400 python scripts/bench_jacobian_kinds.py --backend cuda \
-            --variants bk=1000,bk=0.2 --cosmologies 1 256 --repeats 3 --out "$JOB/bk" ;;
     d)
         step bench_d 600 python scripts/bench_gpu.py --parts d --backends cuda --budget 560 \
             --row-limit 500 --grad-sec "${GRAD_SEC:-1,0.1,0}" --grad-batch "${GRAD_BATCH:-64}" \
