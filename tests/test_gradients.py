@@ -244,7 +244,10 @@ def test_solver_options_reach_the_sensitivity_solve(monkeypatch):
     assert seen["sensitivity_error_control"] == 0.0  # the non-default value arrives, as a weight
     assert seen["backend"] == "jax"
     # without the argument the precision's sensitivity_error_weight is the weight
-    for cfg, want in ((_config(1e-5), 0.1),
+    from boltzmann.schema import PRECISION_TABLE
+
+    default = PRECISION_TABLE["sensitivity_error_weight"].default
+    for cfg, want in ((_config(1e-5), default),
                       (_config(1e-5, {"sensitivity_error_weight": 0.5}), 0.5)):
         seen.clear()
         fn = PowerSpectrumFunction(cfg, parameters=("h",), n_chunks=1, with_sigma8=False)
