@@ -130,6 +130,8 @@ def runs():
                                    "both": (30.0, 60.0)}.items()}
 
 
+@pytest.mark.slow  # the fixture's three pipeline runs to 10 h/Mpc (~100 s): the fluids are
+# off by default, and the default run must stay under 20 minutes on 2 cores
 def test_massless_fluid_keeps_pk(runs):
     full, ur = runs["full"], runs["ur"]
     assert not ur.transfers.failures()
@@ -143,6 +145,8 @@ def test_massless_fluid_keeps_pk(runs):
     assert np.abs(rel[..., k * 14200.0 < 30.0]).max() == 0.0    # unswitched modes: identical
 
 
+@pytest.mark.slow  # the fixture's three pipeline runs to 10 h/Mpc (~100 s): the fluids are
+# off by default, and the default run must stay under 20 minutes on 2 cores
 def test_both_fluids_run_through_the_phases(runs):
     both = runs["both"]
     assert not both.transfers.failures()
