@@ -8,8 +8,8 @@ Each form computes the same rows as ``line_of_sight._window_rows`` for configs/p
   a cell's node values by four gathers from the table's j and j′ arrays;
 - ``sum``: the τ sums as reductions of the integrand (one fused kernel can evaluate and reduce);
 - ``packed``: ``sum`` with the Bessel table stored as (j_i, j'_i) pairs, so one gather of four
-  contiguous numbers gives a cell's two nodes (``bessel._cells`` now interleaves the row it
-  reads the same way, inside the loop);
+  contiguous numbers gives a cell's two nodes (the form the line of sight uses:
+  ``BesselTable.interleaved``, gathered by ``bessel._cells``);
 - ``dotpacked``: ``dot`` with that table;
 - ``packed4``: ``packed`` with four multipoles per loop iteration.
 

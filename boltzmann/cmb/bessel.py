@@ -63,12 +63,21 @@ def turning_point(ell, cut: float = 1e-12) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BesselTable:
-    """j_ℓ (``j``) and dj_ℓ/dx (``dj``) at x_i = i·dx, i < n_x, for the multipoles ``ells``."""
+    """j_ℓ (``j``) and dj_ℓ/dx (``dj``) at x_i = i·dx, i < n_x, for the multipoles ``ells``;
+    ``pairs`` (L, 2 n_x), when set (``interleaved``), the same numbers as (j_0, j'_0, j_1, ...)
+    per multipole, the form the lookups gather from."""
 
     ells: np.ndarray
     dx: float
     j: jnp.ndarray
     dj: jnp.ndarray
+    pairs: jnp.ndarray | None = None
+
+    def interleaved(self) -> "BesselTable":
+        """The table with ``pairs`` set: a caller that looks up many multipoles (the line of
+        sight's loops) interleaves the whole table once instead of one row per lookup."""
+        pairs = jnp.stack([self.j, self.dj], axis=-1).reshape(self.j.shape[0], -1)
+        return BesselTable(ells=self.ells, dx=self.dx, j=self.j, dj=self.dj, pairs=pairs)
 
     @classmethod
     def build(cls, ells, x_max: float, dx: float = 0.2) -> "BesselTable":
@@ -162,9 +171,11 @@ def _cells(table: BesselTable, il, x):
     The multipole's row is interleaved as (j_0, j'_0, j_1, j'_1, ...), so a cell's four node
     values are one gather of four adjacent numbers instead of four gathers: on an H100, with the
     whole table interleaved, the line of sight's ℓ > 400 loop took 0.023 s against 0.029 s
-    (scripts/profile_los_forms.py, docs/benchmarks.md); interleaving one row per call costs a
-    copy of that row."""
-    return _row_cells(jnp.stack([table.j[il], table.dj[il]], axis=-1).reshape(-1), table.dx, x)
+    (scripts/profile_los_forms.py, docs/benchmarks.md). A table without ``pairs`` interleaves
+    the row on each call (a copy of it)."""
+    row = (table.pairs[il] if table.pairs is not None
+           else jnp.stack([table.j[il], table.dj[il]], axis=-1).reshape(-1))
+    return _row_cells(row, table.dx, x)
 
 
 def _row_cells(pairs, dx: float, x):

@@ -169,7 +169,7 @@ def _integrate(plan: _Plan, j, dj, k, tau, tau0, fine):
 @functools.partial(jax.jit, static_argnames="shape")
 def _program(shape, j, dj, k, tau, tau0, fine, late, early):
     ells, dx, late_width, early_width, n_cut, with_p, ip, batches = shape
-    table = bessel.BesselTable(ells=np.asarray(ells), dx=dx, j=j, dj=dj)
+    table = bessel.BesselTable(ells=np.asarray(ells), dx=dx, j=j, dj=dj).interleaved()
     chi = tau0 - tau
     w = trapezoid(tau)
     n_ells, n_k = len(ells), k.shape[0]
