@@ -17,7 +17,8 @@
 #   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
 #              per-stage times, one multipole per line-of-sight iteration and then the
 #              batched default side by side
-#   cl_grad    bench_cl --gradients: the lensed C_l's value and Jacobian (ClFunction) warm
+#   cl_grad    bench_cl --gradients: the lensed C_l's value and Jacobian (ClFunction) warm, at
+#              each sensitivity error weight in CL_SEC (e.g. 1,0.01; default ClFunction's own)
 #   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
 #              groups against a solve per group
 #   forms      profile_los_forms: the line of sight's loops written several ways, side by side
@@ -95,9 +96,14 @@ for s in ${STEPS:-cb d first_run profile}; do
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
     cl_grad)
-        # issue 15's Jacobian ratio: ClFunction's value and Jacobian, warm, side by side
-        step bench_cl_grad 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
-            --backend cuda --gradients --runs 2 --out "$JOB/cl_grad" ;;
+        # issue 15's Jacobian ratio: ClFunction's value and Jacobian, warm, side by side, once
+        # per sensitivity error weight in CL_SEC (comma-separated; default: ClFunction's own)
+        IFS=',' read -ra ws <<< "${CL_SEC:-default}"
+        for w in "${ws[@]}"; do
+            if [ "$w" = default ]; then arg=(); else arg=(--sec-weight "$w"); fi
+            step "bench_cl_grad_$w" 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
+                --backend cuda --gradients --runs 3 "${arg[@]}" --out "$JOB/cl_grad_$w"
+        done ;;
     sources)
         step sources 240 python scripts/profile_sources.py --backend cuda --repeat 3 ;;
     forms)
