@@ -57,25 +57,30 @@ def time_ours(config, backend: str, runs: int, los_batch: int | None = None) -> 
 
 
 def time_gradients(config, backend, runs: int, parameters, sampling, sec=None,
-                   keep: dict | None = None) -> dict:
+                   keep: dict | None = None, direction_block: int | None = None) -> dict:
     """First and warm wall times of ``ClFunction``'s value and Jacobian calls (``sec``: its
-    ``sensitivity_error_control``, None for the default); ``keep``, a dict, receives the last
-    Jacobian's arrays."""
+    ``sensitivity_error_control``, None for the default; ``direction_block`` likewise), with
+    every Jacobian call's stage seconds; ``keep``, a dict, receives the last Jacobian's
+    arrays."""
     import jax
 
     from boltzmann.cmb.gradients import ClFunction
 
     t0 = time.perf_counter()
     kw = {} if sec is None else {"sensitivity_error_control": sec}
+    if direction_block is not None:
+        kw["direction_block"] = int(direction_block)
     f = ClFunction(config, parameters=parameters, sampling=sampling, backend=backend, **kw)
     out = {"setup_s": time.perf_counter() - t0, "parameters": list(f.parameters),
            "modes": int(f.plan.k.size), "samples": int(f.plan.x.size), "value_s": [],
-           "jacobian_s": []}
+           "jacobian_s": [], "jacobian_stages_s": [], "direction_block": f.direction_block}
     for key, call in (("value_s", f), ("jacobian_s", f.jacobian)):
         for i in range(runs):
             t0 = time.perf_counter()
             res = jax.block_until_ready(call())
             out[key].append(time.perf_counter() - t0)
+            if key == "jacobian_s":
+                out["jacobian_stages_s"].append(dict(f.last_stage_seconds))
             if keep is not None and key == "jacobian_s":
                 keep.update({f"d_{name}": np.asarray(v) for name, v in res[1].items()})
             print(f"{key[:-2]} {i + 1}: {out[key][-1]:.3f} s", flush=True)
@@ -121,6 +126,9 @@ def main(argv=None):
     parser.add_argument("--sec-weight", type=float, default=None,
                         help="(--gradients) ClFunction's sensitivity error weight (default: its "
                              "own; docs/gradients.md); --out also gets the Jacobian as .npz")
+    parser.add_argument("--direction-block", type=int, default=None,
+                        help="(--gradients) ClFunction's direction_block: tangent directions "
+                             "per pass of the line of sight (default: its own)")
     parser.add_argument("--los-batch", default="auto",
                         help="multipoles per line-of-sight iteration, comma-separated values "
                              "timed one after another in this process (auto: "
@@ -193,7 +201,7 @@ def _gradients_report(args, config, backend) -> None:
     sampling = ClSampling() if args.coarser == 1.0 else ClSampling().coarser(args.coarser)
     jac = {}
     g = time_gradients(config, backend, args.runs, args.parameters, sampling, args.sec_weight,
-                       jac)
+                       jac, args.direction_block)
     result = dict(_header(args, config), coarser=args.coarser, sec_weight=args.sec_weight,
                   gradients=g)
     warm_v = min(g["value_s"][1:] or g["value_s"])
@@ -206,6 +214,9 @@ def _gradients_report(args, config, backend) -> None:
     print("|---|---|---|")
     print(f"| {g['value_s'][0]:.2f} / {warm_v:.2f} | {g['jacobian_s'][0]:.2f} / {warm_j:.2f} | "
           f"{warm_j / warm_v:.2f} |")
+    print(f"\nJacobian stages [s] (direction block {g['direction_block']}), run by run:")
+    for i, st in enumerate(g["jacobian_stages_s"]):
+        print(f"  {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_cl_gradients.json").write_text(json.dumps(result, indent=1,

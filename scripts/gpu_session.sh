@@ -18,7 +18,8 @@
 #              per-stage times, one multipole per line-of-sight iteration and then the
 #              batched default side by side
 #   cl_grad    bench_cl --gradients: the lensed C_l's value and Jacobian (ClFunction) warm, at
-#              each sensitivity error weight in CL_SEC (e.g. 1,0.01; default ClFunction's own)
+#              each entry of CL_SEC: a sensitivity error weight, optionally /directions per
+#              line-of-sight pass (e.g. 1,0.01,0.01/9; default: ClFunction's own of both)
 #   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
 #              groups against a solve per group
 #   forms      profile_los_forms: the line of sight's loops written several ways, side by side
@@ -99,10 +100,12 @@ for s in ${STEPS:-cb d first_run profile}; do
         # issue 15's Jacobian ratio: ClFunction's value and Jacobian, warm, side by side, once
         # per sensitivity error weight in CL_SEC (comma-separated; default: ClFunction's own)
         IFS=',' read -ra ws <<< "${CL_SEC:-default}"
-        for w in "${ws[@]}"; do
-            if [ "$w" = default ]; then arg=(); else arg=(--sec-weight "$w"); fi
-            step "bench_cl_grad_$w" 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
-                --backend cuda --gradients --runs 3 "${arg[@]}" --out "$JOB/cl_grad_$w"
+        for e in "${ws[@]}"; do
+            w=${e%/*}; arg=()
+            if [ "$w" != default ]; then arg=(--sec-weight "$w"); fi
+            if [ "$e" != "$w" ]; then arg+=(--direction-block "${e#*/}"); fi
+            step "bench_cl_grad_${e//\//_}" 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
+                --backend cuda --gradients --runs 3 "${arg[@]}" --out "$JOB/cl_grad_${e//\//_}"
         done ;;
     sources)
         step sources 240 python scripts/profile_sources.py --backend cuda --repeat 3 ;;

@@ -57,25 +57,28 @@ def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(runtime, "configure", lambda settings: None)
     seen = {}
 
-    def fake(config, backend, runs, parameters, sampling, sec=None, keep=None):
+    def fake(config, backend, runs, parameters, sampling, sec=None, keep=None,
+             direction_block=None):
         seen.update(l_max=config.output.l_max, lensing=config.output.lensing,
-                    parameters=parameters, step=sampling.q_step, sec=sec)
+                    parameters=parameters, step=sampling.q_step, sec=sec, block=direction_block)
         keep["d_TT"] = [[1.0, 2.0]]
         return {"setup_s": 1.0, "parameters": parameters, "modes": 90, "samples": 400,
-                "value_s": [40.0, 4.0], "jacobian_s": [300.0, 50.0]}
+                "value_s": [40.0, 4.0], "jacobian_s": [300.0, 50.0], "direction_block": 3,
+                "jacobian_stages_s": [{"inputs": 1.0, "sources": 2.0, "spectra": 3.5}]}
 
     monkeypatch.setattr(bench, "time_gradients", fake)
     bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--gradients",
                 "--parameters", "h", "tau_reio", "--l-max", "60", "--lensing", "off",
                 "--coarser", "2", "--runs", "2", "--backend", "jax", "--sec-weight", "0.1",
-                "--out", str(tmp_path)])
+                "--direction-block", "3", "--out", str(tmp_path)])
     assert seen == {"l_max": 60, "lensing": False, "parameters": ["h", "tau_reio"],
-                    "step": 0.25, "sec": 0.1}
+                    "step": 0.25, "sec": 0.1, "block": 3}
     with np.load(tmp_path / "bench_cl_jacobian.npz") as jac:
         assert jac["parameters"].tolist() == ["h", "tau_reio"]
         assert jac["d_TT"].tolist() == [[1.0, 2.0]]
     out = capsys.readouterr().out
     assert "| 40.00 / 4.00 | 300.00 / 50.00 | 12.50 |" in out
+    assert "(direction block 3)" in out and "1: inputs 1.000, sources 2.000, spectra 3.500" in out
     data = json.loads((tmp_path / "bench_cl_gradients.json").read_text())
     assert data["gradients"]["modes"] == 90 and data["coarser"] == 2.0
     with pytest.raises(SystemExit):

@@ -323,9 +323,13 @@ class ClFunction:
 
     def jacobian(self, theta=None) -> tuple[dict, dict]:
         """(values, jac): jac[name] has the output's shape + (len(θ),). On the JAX backend the
-        values come from the joint solves (the steps that also control the tangents)."""
-        (table, rows, y0, bg, prim), (dtable, drows, dy0, dbg, dprim) = \
-            self._host_inputs(self._jit_inputs_jvp, self._theta(theta))
+        values come from the joint solves (the steps that also control the tangents).
+        ``last_stage_seconds`` gets the wall seconds of its three stages (inputs, sources,
+        spectra; each waited for, so that what bounds a Jacobian can be read)."""
+        t0 = time.perf_counter()
+        (table, rows, y0, bg, prim), (dtable, drows, dy0, dbg, dprim) = jax.block_until_ready(
+            self._host_inputs(self._jit_inputs_jvp, self._theta(theta)))
+        t1 = time.perf_counter()
         pieces, tangents = [], []
         for idx, pad, controlled in self._chunks:
             srcs, dsrcs = self._jit_sources_jvp(
@@ -334,9 +338,13 @@ class ClFunction:
             pieces.append(tuple(s[:idx.size] for s in srcs))
             tangents.append(tuple(jnp.moveaxis(d[:, :idx.size], 0, 1) for d in dsrcs))
         srcs = self._scatter(pieces)
-        dsrcs = tuple(jnp.moveaxis(d, 1, 0) for d in self._scatter(tangents))
-        values, jac = self._jit_spectra_jvp(srcs, bg, prim, dsrcs, dbg, dprim,
-                                            self._table_args)
+        dsrcs = jax.block_until_ready(
+            tuple(jnp.moveaxis(d, 1, 0) for d in self._scatter(tangents)))
+        t2 = time.perf_counter()
+        values, jac = jax.block_until_ready(self._jit_spectra_jvp(
+            srcs, bg, prim, dsrcs, dbg, dprim, self._table_args))
+        self.last_stage_seconds = {"inputs": t1 - t0, "sources": t2 - t1,
+                                   "spectra": time.perf_counter() - t2}
         bad = [name for name in values if not (np.all(np.isfinite(np.asarray(values[name])))
                                                and np.all(np.isfinite(np.asarray(jac[name]))))]
         if bad:
