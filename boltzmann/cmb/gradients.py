@@ -79,7 +79,8 @@ class ClFunction:
     ``l_max``, ``spectra``, ``lensing`` (default: the config's output block, as
     ``cl_for_config``), ``sampling`` (ClSampling), ``backend`` ("jax", "cuda", "auto"),
     ``direction_block``: tangent directions per pass of the line of sight (memory against
-    passes), ``sensitivity_error_control`` (as for P(k), docs/gradients.md), ``los_batch``:
+    passes), ``sensitivity_error_control`` (as for P(k): default the precision's
+    ``sensitivity_error_weight``, docs/gradients.md), ``los_batch``:
     multipoles per iteration of the line of sight (None: ``line_of_sight.multipole_batch``),
     ``lensing_method``: lensing.LENSING_METHODS ("auto": the Wigner table on a GPU, passed to
     the programs as an argument; the ℓ recurrence elsewhere).
@@ -88,7 +89,7 @@ class ClFunction:
     def __init__(self, config, *, parameters: Sequence[str] | None = None, l_max=None,
                  spectra=None, lensing=None, sampling: ClSampling = ClSampling(),
                  backend="jax", direction_block: int = 2, max_steps: int = 200_000,
-                 sensitivity_error_control: bool | float = True,
+                 sensitivity_error_control: bool | float | None = None,
                  los_batch: int | None = None, lensing_method: str = "auto"):
         require_float64()
         out = config.output
@@ -110,6 +111,8 @@ class ClFunction:
         self.backend = backend
         self.rtol, self.atol = min(sampling.rtol, prec.rtol), prec.atol
         self.max_steps = int(max_steps)
+        if sensitivity_error_control is None:
+            sensitivity_error_control = prec.sensitivity_error_weight
         self.sensitivity_error_control = sec_weight(sensitivity_error_control)
         self.direction_block = max(1, int(direction_block))
         self.l_max = input_l_max(self.l_out) if self.lensing else self.l_out
