@@ -4,6 +4,8 @@
 #   tables     bench_tables: the thermodynamics' loop shapes, 128 and 256 cosmologies
 #   hosttables one cosmology's tables on the host CPU: as is, on one core (taskset), and with
 #              XLA:CPU's Eigen threads off
+#   pools      bench_gpu parts c and d (one P(k), the Jacobian) once per XLA:CPU pool size in
+#              POOLS (default "1 2 4 default"), a process each
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
 #   first_run_1t   the main job's first and second process with that pool
@@ -77,6 +79,16 @@ for s in ${STEPS:-cb d first_run profile}; do
         BOLTZMANN_HOST_THREADS=1 step bench_d_1t 600 python scripts/bench_gpu.py --parts d \
             --backends cuda --budget 560 --row-limit 500 --grad-sec "${GRAD_SEC:-0.1}" \
             --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_1t" ;;
+    pools)
+        # XLA:CPU's pool size on the host (BOLTZMANN_HOST_THREADS; "default": JAX's, a thread
+        # per CPU) against one P(k) and the Jacobian, whose inputs run on the host: a process
+        # per size in POOLS, side by side
+        for T in ${POOLS:-1 2 4 default}; do
+            if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
+            step "pool_$T" 300 python scripts/bench_gpu.py --parts cd --backends cuda --budget 280 \
+                --row-limit 250 --grad-batch "${GRAD_BATCH:-16}" --out "$JOB/pool_$T"
+        done
+        unset BOLTZMANN_HOST_THREADS ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
