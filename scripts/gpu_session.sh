@@ -21,7 +21,8 @@
 #              batched default side by side
 #   cl_grad    bench_cl --gradients: the lensed C_l's value and Jacobian (ClFunction) warm, at
 #              each entry of CL_SEC: a sensitivity error weight, optionally /directions per
-#              line-of-sight pass (e.g. 1,0.01,0.01/9; default: ClFunction's own of both)
+#              line-of-sight pass, '+' between blocks timed in one process (e.g.
+#              1,default/2+9; default: ClFunction's own of both)
 #   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
 #              groups against a solve per group
 #   forms      profile_los_forms: the line of sight's loops written several ways, side by side
@@ -115,9 +116,9 @@ for s in ${STEPS:-cb d first_run profile}; do
         for e in "${ws[@]}"; do
             w=${e%/*}; arg=()
             if [ "$w" != default ]; then arg=(--sec-weight "$w"); fi
-            if [ "$e" != "$w" ]; then arg+=(--direction-block "${e#*/}"); fi
-            step "bench_cl_grad_${e//\//_}" 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
-                --backend cuda --gradients --runs 3 "${arg[@]}" --out "$JOB/cl_grad_${e//\//_}"
+            if [ "$e" != "$w" ]; then arg+=(--direction-block "$(echo "${e#*/}" | tr + ,)"); fi
+            step "bench_cl_grad_$(echo "$e" | tr /+ __)" 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
+                --backend cuda --gradients --runs 3 "${arg[@]}" --out "$JOB/cl_grad_$(echo "$e" | tr /+ __)"
         done ;;
     sources)
         step sources 240 python scripts/profile_sources.py --backend cuda --repeat 3 ;;

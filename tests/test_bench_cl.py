@@ -77,7 +77,7 @@ def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):
         assert jac["parameters"].tolist() == ["h", "tau_reio"]
         assert jac["d_TT"].tolist() == [[1.0, 2.0]]
     out = capsys.readouterr().out
-    assert "| 40.00 / 4.00 | 300.00 / 50.00 | 12.50 |" in out
+    assert "| 3 | 40.00 / 4.00 | 300.00 / 50.00 | 12.50 |" in out
     assert "(direction block 3)" in out and "1: inputs 1.000, sources 2.000, spectra 3.500" in out
     data = json.loads((tmp_path / "bench_cl_gradients.json").read_text())
     assert data["gradients"]["modes"] == 90 and data["coarser"] == 2.0
