@@ -63,7 +63,8 @@ def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):
                     parameters=parameters, step=sampling.q_step, sec=sec, block=direction_block)
         keep["d_TT"] = [[1.0, 2.0]]
         return {"setup_s": 1.0, "parameters": parameters, "modes": 90, "samples": 400,
-                "value_s": [40.0, 4.0], "jacobian_s": [300.0, 50.0], "direction_block": 3,
+                "value_s": [40.0, 4.0], "jacobian_s": [300.0, 50.0],
+                "direction_block": direction_block,
                 "jacobian_stages_s": [{"inputs": 1.0, "sources": 2.0, "spectra": 3.5}]}
 
     monkeypatch.setattr(bench, "time_gradients", fake)
@@ -81,5 +82,13 @@ def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):
     assert "(direction block 3)" in out and "1: inputs 1.000, sources 2.000, spectra 3.500" in out
     data = json.loads((tmp_path / "bench_cl_gradients.json").read_text())
     assert data["gradients"]["modes"] == 90 and data["coarser"] == 2.0
+    # several direction blocks: a ClFunction each, one row each, in the order given
+    bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--gradients",
+                "--parameters", "h", "--l-max", "60", "--runs", "2", "--backend", "jax",
+                "--direction-block", "2,9", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert out.index("| 2 | 40.00") < out.index("| 9 | 40.00")
+    data = json.loads((tmp_path / "bench_cl_gradients.json").read_text())
+    assert [r["direction_block"] for r in data["by_direction_block"]] == [2, 9]
     with pytest.raises(SystemExit):
         bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--coarser", "2"])
