@@ -68,6 +68,8 @@ def test_bad_requests_are_refused_before_any_work():
         ClFunction(config, parameters=("omega_x",))
     with pytest.raises(ValueError, match="lensing method must be one of"):
         ClFunction(config, lensing_method="fft")
+    with pytest.raises(ValueError, match="direction_block = 0: give the number"):
+        ClFunction(config, direction_block=0)
 
 
 @pytest.mark.slow

@@ -98,6 +98,9 @@ class ClFunction:
             if spectra is None else tuple(spectra)
         self.lensing = bool(getattr(out, "lensing", False)) if lensing is None else bool(lensing)
         check_request(self.l_out, self.spectra, self.lensing)
+        if int(direction_block) < 1:
+            raise ValueError(f"direction_block = {direction_block}: give the number of tangent "
+                             "directions per pass of the line of sight, 1 or more")
         lensing_method = resolve_method(lensing_method)
         if parameters is None:
             parameters = available_parameters(config.cosmology)
@@ -114,7 +117,7 @@ class ClFunction:
         if sensitivity_error_control is None:
             sensitivity_error_control = prec.sensitivity_error_weight
         self.sensitivity_error_control = sec_weight(sensitivity_error_control)
-        self.direction_block = max(1, int(direction_block))
+        self.direction_block = int(direction_block)
         self.l_max = input_l_max(self.l_out) if self.lensing else self.l_out
         self.with_pp = "PP" in self.spectra
         self.names = tuple(n for n in ("TT", "EE", "TE", "PP") if n in self.spectra
