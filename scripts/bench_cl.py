@@ -82,8 +82,8 @@ def time_gradients(config, backend, runs: int, parameters, sampling, sec=None,
             out[key].append(time.perf_counter() - t0)
             if key == "jacobian_s":
                 out["jacobian_stages_s"].append(dict(f.last_stage_seconds))
-            if keep is not None and key == "jacobian_s":
-                keep.update({f"d_{name}": np.asarray(v) for name, v in res[1].items()})
+                if keep is not None:
+                    keep.update({f"d_{name}": np.asarray(v) for name, v in res[1].items()})
             print(f"{key[:-2]} {i + 1}: {out[key][-1]:.3f} s", flush=True)
     return out
 

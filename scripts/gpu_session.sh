@@ -110,15 +110,15 @@ for s in ${STEPS:-cb d first_run profile}; do
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
     cl_grad)
-        # issue 15's Jacobian ratio: ClFunction's value and Jacobian, warm, side by side, once
-        # per sensitivity error weight in CL_SEC (comma-separated; default: ClFunction's own)
+        # the C_l Jacobian's ratio to a value call: ClFunction's value and Jacobian, warm, side
+        # by side, once per entry of CL_SEC (comma-separated; default: ClFunction's own)
         IFS=',' read -ra ws <<< "${CL_SEC:-default}"
         for e in "${ws[@]}"; do
-            w=${e%/*}; arg=()
+            w=${e%/*}; tag=$(echo "$e" | tr /+ __); arg=()
             if [ "$w" != default ]; then arg=(--sec-weight "$w"); fi
             if [ "$e" != "$w" ]; then arg+=(--direction-block "$(echo "${e#*/}" | tr + ,)"); fi
-            step "bench_cl_grad_$(echo "$e" | tr /+ __)" 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
-                --backend cuda --gradients --runs 3 "${arg[@]}" --out "$JOB/cl_grad_$(echo "$e" | tr /+ __)"
+            step "bench_cl_grad_$tag" 560 python scripts/bench_cl.py --config configs/planck_cl.yaml \
+                --backend cuda --gradients --runs 3 "${arg[@]}" --out "$JOB/cl_grad_$tag"
         done ;;
     sources)
         step sources 240 python scripts/profile_sources.py --backend cuda --repeat 3 ;;
