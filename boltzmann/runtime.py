@@ -62,7 +62,9 @@ class Settings:
     ffi_library: a prebuilt FFI handler library for the CUDA backend, or None to build one;
     cxx: the C++ compiler that builds the handler;
     host_threads: the size of XLA:CPU's thread pool (``size_host_pool``), or None for JAX's
-        default (one thread per CPU the process may use).
+        default (one thread per CPU the process may use);
+    direction_warps: the CUDA sensitivity kernel's direction warps per block at most
+        (``solver.CudaBackend(direction_warps=)``), or None for the kernel's own.
     """
 
     cache_root: Path | None = None
@@ -70,13 +72,15 @@ class Settings:
     ffi_library: Path | None = None
     cxx: str = "g++"
     host_threads: int | None = None
+    direction_warps: int | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ, *,
                          cache_root: Path | str | None = None, no_cache: bool = False):
         """Settings from the environment: BOLTZMANN_CACHE_DIR / XDG_CACHE_HOME (cache root;
         BOLTZMANN_CACHE=0 turns the cache off), BOLTZMANN_CUDA_LAUNCH, BOLTZMANN_FFI_LIB, CXX,
-        BOLTZMANN_HOST_THREADS. Explicit arguments (the CLI's options) take precedence."""
+        BOLTZMANN_HOST_THREADS, BOLTZMANN_DIRECTION_WARPS. Explicit arguments (the CLI's options)
+        take precedence."""
         off = environ.get("BOLTZMANN_CACHE", "1").strip().lower() in ("0", "off", "false", "no")
         if no_cache or (off and cache_root is None):
             root = None
@@ -87,9 +91,15 @@ class Settings:
         if threads and not (threads.isdigit() and int(threads) > 0):
             raise ValueError(f"BOLTZMANN_HOST_THREADS={threads!r}: give a positive integer (the "
                              "size of XLA:CPU's thread pool) or leave it unset")
+        warps = environ.get("BOLTZMANN_DIRECTION_WARPS", "").strip()
+        if warps and not (warps.isdigit() and int(warps) > 0):
+            raise ValueError(f"BOLTZMANN_DIRECTION_WARPS={warps!r}: give a positive integer (the "
+                             "CUDA sensitivity kernel's direction warps per block at most) or "
+                             "leave it unset")
         return cls(cache_root=root, cuda_launch=environ.get("BOLTZMANN_CUDA_LAUNCH", "auto"),
                    ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++",
-                   host_threads=int(threads) if threads else None)
+                   host_threads=int(threads) if threads else None,
+                   direction_warps=int(warps) if warps else None)
 
 
 class CompileCounter:
@@ -220,4 +230,5 @@ def backend_for(name: str, settings: Settings = Settings(), kernel: str = "auto"
         return name
     root = None if settings.cache_root is None else settings.cache_root / CUDA_DIR
     return CudaBackend(launch=settings.cuda_launch, cache_root=root,
-                       ffi_library=settings.ffi_library, cxx=settings.cxx, kernel=kernel)
+                       ffi_library=settings.ffi_library, cxx=settings.cxx, kernel=kernel,
+                       direction_warps=settings.direction_warps)

@@ -321,7 +321,7 @@ def test_emulated_warp_sensitivities_equal_the_thread_kernel(eb_small):
     kw = dict(s0=np.stack([dy0, 0 * dy0]), dparams=np.stack([dp, dk]),
               dargs=np.stack([dtab, 0 * dtab]), args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL,
               error_weights=w)
-    warp = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, **kw)
+    warp = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=1, **kw)
     thread = sensitivity_emulated(model.rhs, y0, xs, params, kernel_kind="thread", **kw)
     assert warp.info["kernel"] == "warp" and np.all(warp.status == Status.OK)
     np.testing.assert_array_equal(warp.n_accepted, thread.n_accepted)
@@ -330,3 +330,43 @@ def test_emulated_warp_sensitivities_equal_the_thread_kernel(eb_small):
         a, b = thread.dys[d][..., ctrl], warp.dys[d][..., ctrl]
         assert np.abs(a - b).max() <= 1e-10 * np.abs(a).max()
     assert np.abs(warp.ys - thread.ys)[..., ctrl].max() <= 1e-12 * np.abs(thread.ys).max()
+
+
+def test_emulated_direction_warps_share_one_step_sequence(eb_small):
+    """The warp sensitivity kernel's block of direction warps (warp 0 also carries y, its
+    factorisation and stage solves; one error norm over the block): three directions at two
+    warps a block run as blocks [d0, d1] and [d2, zero direction].  The zero direction adds
+    exactly nothing to its block's norm, so d2 equals its own one-warp block to the bit; [d0, d1]
+    take one step sequence for both, the same bits whichever warp or lane runs first, and
+    tangents within the tolerance of the one-warp blocks' (each controlled alone)."""
+    from solver.backends.cuda.emulation import sensitivity_emulated
+    from test_cuda_sensitivity import _eb_direction
+
+    k, model, table, params, x0, y0, w = eb_small
+    sel = [1, 2]
+    params, x0, y0 = params[sel], x0[sel], y0[sel]
+    xs = np.linspace(x0.max(), -11.0, 3)
+    dtab, dp, dy0 = _eb_direction(model, table, params, y0)
+    dk = np.zeros_like(dp)
+    dk[:, 0] = 0.01 * params[:, 0]
+    kw = dict(s0=np.stack([dy0, 0 * dy0, 0.5 * dy0]), dparams=np.stack([dp, dk, 0 * dp]),
+              dargs=np.stack([dtab, 0 * dtab, 0 * dtab]), args=table, t0=x0, rtol=EB_RTOL,
+              atol=EB_ATOL, error_weights=w)
+    one = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=1, **kw)
+    two = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=2, **kw)
+    rev = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=2,
+                               warp_order="reverse", **kw)
+    assert two.info["direction_warps"] == 2 and np.all(two.status == Status.OK)
+    assert two.dys.shape == one.dys.shape == (3, 2, 3, model.n)
+    for f in ("ys", "dys", "n_accepted", "n_rejected", "t_final"):
+        np.testing.assert_array_equal(getattr(two, f), getattr(rev, f))
+    np.testing.assert_array_equal(two.dys[2], one.dys[2])
+    np.testing.assert_array_equal(two.n_accepted[2], one.n_accepted[2])
+    # one step sequence for the block's two directions, at least as fine as either alone
+    np.testing.assert_array_equal(two.n_accepted[0], two.n_accepted[1])
+    assert np.all(two.n_accepted[0] >= one.n_accepted[:2].max(axis=0) - 1)
+    ctrl = w > 0
+    for d in range(2):
+        a, b = one.dys[d][..., ctrl], two.dys[d][..., ctrl]
+        assert np.abs(a - b).max() <= 100 * EB_RTOL * np.abs(a).max()
+    assert np.abs(two.ys - one.ys)[..., ctrl].max() <= 100 * EB_RTOL * np.abs(one.ys).max()

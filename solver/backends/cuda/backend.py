@@ -56,6 +56,10 @@ class CudaBackend(Backend):
         per warp, for right-hand sides with tables and a declared linear Jacobian, such as the EB
         models (``codegen.warp``) -- and the thread kernel for every other rhs; "warp" or
         "thread" to insist on one; the same choice holds for the sensitivity kernels.
+    direction_warps: the warp sensitivity kernel's direction warps per block at most (a block
+        is one trajectory; its warp 0 also carries the state, its factorisation and stage
+        solves, shared by the block's directions): None (default) the most its shared memory
+        allows, up to four; 1 gives every (trajectory, direction) a block of its own.
 
     ``linear_solver`` is accepted by ``solve`` for API compatibility; the kernel always uses the
     compiled unpivoted sparse LU (for a dense pattern that is a dense unpivoted LU).
@@ -64,13 +68,19 @@ class CudaBackend(Backend):
     name = "cuda"
 
     def __init__(self, launch: str = "auto", cache_root: Path | str | None = None, *,
-                 ffi_library: Path | str | None = None, cxx: str = "g++", kernel: str = "auto"):
+                 ffi_library: Path | str | None = None, cxx: str = "g++", kernel: str = "auto",
+                 direction_warps: int | None = None):
         if launch not in LAUNCH_MODES:
             raise ValueError(f"CudaBackend: launch must be one of {LAUNCH_MODES}, got {launch!r}")
         if kernel not in KERNEL_KINDS:
             raise ValueError(f"CudaBackend: kernel must be one of {KERNEL_KINDS}, got {kernel!r}")
+        if direction_warps is not None and not (isinstance(direction_warps, int)
+                                                 and direction_warps >= 1):
+            raise ValueError("CudaBackend: direction_warps must be a positive integer or None, "
+                             f"got {direction_warps!r}")
         self.launch = launch
         self.kernel = kernel
+        self.direction_warps = direction_warps
         self.cache_root = None if cache_root is None else Path(cache_root)
         work = self.cache_root if self.cache_root is not None else scratch_dir()
         self.module_dir = work
@@ -145,9 +155,10 @@ class CudaBackend(Backend):
     def _sens_host(self, *a, **kw):
         if self.emulated:
             return sensitivity_emulated(*a, module_dir=self.module_dir, kernel_kind=self.kernel,
-                                        **kw)
+                                        dir_warps=self.direction_warps, **kw)
         return solve_sensitivities(*a, module_dir=self.module_dir,
-                                   kernel_cache=self.kernel_cache, kernel_kind=self.kernel, **kw)
+                                   kernel_cache=self.kernel_cache, kernel_kind=self.kernel,
+                                   dir_warps=self.direction_warps, **kw)
 
     def solve_ys(self, spec, y0, params, args, ts, t0, te):
         """The plain kernel inside a JAX program: the XLA FFI custom call when ``use_ffi()``

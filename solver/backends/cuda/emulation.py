@@ -195,11 +195,13 @@ def sensitivity_emulated(rhs, y0, t_save, params, *, s0=None, dparams=None, darg
                          sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
                          error_weights=None, max_steps=100_000, first_step=None,
                          controller=None, tableau=RODAS5P, module_dir=None, kernel_kind="auto",
-                         lanes=WARP_SIZE):
+                         lanes=WARP_SIZE, dir_warps=None, warp_order="forward"):
     """``launch_numba.solve_sensitivities`` with the generated kernel text run on the CPU: the
     warp sensitivity kernel lane by lane where ``choose_kernel`` picks it, else the thread kernel
     thread after thread (numpy local arrays, jax.jvp / nested jax.jvp for Enzyme's jvp /
-    jvp(jvp)).  Slow; for tests of the kernels' logic where no GPU exists."""
+    jvp(jvp)).  ``dir_warps``: the warp kernel's direction warps per block at most (default the
+    plan's); ``warp_order``: the order its warps run between block barriers.  Slow; for tests
+    of the kernels' logic where no GPU exists."""
     table_split_of(rhs, args)
     inp = sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
@@ -209,7 +211,8 @@ def sensitivity_emulated(rhs, y0, t_save, params, *, s0=None, dparams=None, darg
                                 controller=controller, tableau=tableau, lanes=lanes)
         check_plan_split(wplan, rhs, inp, args)
         check_lookup_p(wplan.sens, rhs, inp, args)
-        return emulate_warp_sens(wplan, inp, args, module_dir=module_dir)
+        return emulate_warp_sens(wplan, inp, args, module_dir=module_dir, dir_warps=dir_warps,
+                                 warp_order=warp_order)
     plan = build_sens_plan(rhs, inp["n"], inp["P"], args=args, sparsity=sparsity,
                            max_steps=max_steps, controller=controller, tableau=tableau)
     check_plan_split(plan.plain, rhs, inp, args)

@@ -13,8 +13,8 @@ from ...problem.sensitivity_spec import sec_weight
 from .tables import args_array
 
 __all__ = ["kernel_inputs", "prepare", "sens_inputs", "check_lookup_p", "sens_outputs",
-           "plain_outputs",
-           "sens_call_args", "probe_inputs"]
+           "plain_outputs", "sens_call_args", "probe_inputs", "direction_warps",
+           "pad_directions", "trim_directions"]
 
 
 def kernel_inputs(v, rtol) -> dict:
@@ -93,6 +93,38 @@ def sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol, s
                weights=np.ascontiguousarray(w),
                weights_s=np.ascontiguousarray(w * sec_weight(sec)), m=m)
     return inp
+
+
+def direction_warps(m: int, most: int) -> int:
+    """Direction warps per block of the warp sensitivity kernel for ``m`` directions: the
+    fewest blocks of at most ``most`` warps, the directions spread evenly over them (8 at most 4
+    -> 2 blocks of 4; 7 -> 2 of 4, one warp a zero direction)."""
+    if most < 1:
+        raise ValueError(f"direction warps per block must be at least 1, got {most}")
+    blocks = -(-m // most)
+    return -(-m // blocks)
+
+
+def pad_directions(inp: dict, nw: int) -> dict:
+    """``inp`` with its directions padded by zero ones to a multiple of ``nw`` (a zero
+    direction's sensitivity stays zero and adds nothing to its block's error norm)."""
+    m = inp["m"]
+    mp = -(-m // nw) * nw
+    if mp == m:
+        return inp
+
+    def padded(a):
+        return np.ascontiguousarray(np.concatenate([a, np.zeros((mp - m,) + a.shape[1:])]))
+
+    out = dict(inp, m=mp, s0=padded(inp["s0"]), dparams=padded(inp["dparams"]))
+    if inp["dargs"].shape[0] == m:
+        out["dargs"] = padded(inp["dargs"])
+    return out
+
+
+def trim_directions(out: dict, m: int) -> dict:
+    """The sensitivity outputs of the first ``m`` directions (the padding dropped)."""
+    return {k: (v if k == "ys" else v[:m]) for k, v in out.items()}
 
 
 def check_lookup_p(plan, rhs, inp, args):

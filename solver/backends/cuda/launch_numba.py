@@ -15,7 +15,8 @@ from .codegen import SENS_KERNEL_ARGS
 from .codegen.warp import WARP_SENS_KERNEL_ARGS
 from .ffi_kernel import obtain_image
 from .launch_cubin import CubinFunction, DeviceBuffer, DriverError, parameter_count
-from .inputs import check_lookup_p, sens_call_args, sens_inputs, sens_outputs
+from .inputs import (check_lookup_p, direction_warps, pad_directions, sens_call_args,
+                     sens_inputs, sens_outputs, trim_directions)
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array, table_split_of
@@ -98,7 +99,8 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                         args=None, rtol=1e-6, atol=1e-9, sensitivity_atol=None,
                         sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
                         error_weights=None, max_steps=100_000, first_step=None, controller=None,
-                        tableau=RODAS5P, module_dir=None, kernel_cache=None, kernel_kind="auto"):
+                        tableau=RODAS5P, module_dir=None, kernel_cache=None, kernel_kind="auto",
+                        dir_warps=None):
     """Forward sensitivities on the GPU: the warp sensitivity kernel (one warp per (trajectory,
     direction), block g = i·m + d) where ``choose_kernel`` picks it, else one thread per
     (trajectory, direction), N·m threads, thread g = i·m + d (a trajectory's directions share a warp: same tables row and parameters,
@@ -126,12 +128,17 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     check_plan_split(plan.plain, rhs, inp, args)
     check_lookup_p(plan, rhs, inp, args)
     args_h = np.zeros(1) if args is None else args_array(args)
+    m = inp["m"]
+    if warp:   # a block per (trajectory, group of nw directions), a warp per direction
+        most = plan.spec.dir_warps
+        nw = direction_warps(m, most if dir_warps is None else min(most, dir_warps))
+        inp = pad_directions(inp, nw)
     host = sens_outputs(inp)
     dev_in = list(sens_call_args(inp, args_h, host))
     dev_in[22], dev_in[23] = np.int64(inp["N"]), np.int64(inp["m"])
     if warp:
         dev_in += [plan.sched, plan.sched_f]
-        blocks, tpb = inp["N"] * inp["m"], plan.threads_per_block
+        blocks, tpb = inp["N"] * (inp["m"] // nw), plan.threads_per_block * nw
     else:
         threads = inp["N"] * inp["m"]
         tpb = THREADS_PER_BLOCK
@@ -162,9 +169,11 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     if first:
         plan.compile_s = elapsed if kernel_cache is None else info["compile_seconds"]
     names = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
-    res = {k: dev[16 + j].copy_to_host() for j, k in enumerate(names)}
-    info.update({"kernel_seconds": elapsed, "threads": blocks * tpb, "directions": inp["m"],
+    res = trim_directions({k: dev[16 + j].copy_to_host() for j, k in enumerate(names)}, m)
+    info.update({"kernel_seconds": elapsed, "threads": blocks * tpb, "directions": m,
                  "kernel_module": plan.module_path})
+    if warp:
+        info["direction_warps"] = nw
     return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
                                res["n_accepted"], res["n_rejected"], "cuda", info)
 

@@ -1,22 +1,28 @@
-"""The warp kernel's text run on the CPU, lane by lane, with its synchronisation kept.
+"""The warp kernels' text run on the CPU, lane by lane, with their synchronisation kept.
 
-Every ``cuda.syncwarp()`` statement of the generated text becomes ``yield``, so the kernel is a
-generator: one per lane, resumed round by round, a round being the code between two
-synchronisations.  Within a round the lanes run one after another in a chosen order
-(``lane_order``: "forward", "reverse" or "shuffle"), so a result that depends on the order -- a
-lane reading what another writes in the same round -- shows up as a difference between orders
-(tests run two).  Shared arrays are one numpy array per block, local arrays per lane, both
-NaN-filled so that a read of an unwritten value poisons the result; every lane of a warp must
-reach the same number of synchronisations (checked).  Slow; for tests, and for
-``CudaBackend(launch="emulated")`` on linear right-hand sides.
+Every ``cuda.syncwarp()`` statement of the generated text becomes ``yield 0`` and every
+``cuda.syncthreads()`` ``yield 1``, so the kernel is a generator: one per lane, resumed round by
+round, a round being the code between two synchronisations.  Within a round the lanes of a warp
+run one after another in a chosen order (``lane_order``: "forward", "reverse" or "shuffle"), so
+a result that depends on the order -- a lane reading what another writes in the same round --
+shows up as a difference between orders (tests run two).  A block of several warps (the
+sensitivity kernel's direction warps) runs warp after warp from one block barrier to the next,
+in ``warp_order`` ("forward" or "reverse"): a warp reading what another writes between two
+barriers shows up the same way.  Shared arrays are one numpy array per block, local arrays per
+lane, both NaN-filled so that a read of an unwritten value poisons the result; every lane of a
+warp must reach the same synchronisations, and every warp of a block the same barriers
+(checked).  Slow; for tests, and for ``CudaBackend(launch="emulated")`` on linear right-hand
+sides.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .codegen.warp import SYNC
+from .codegen.warp_writer import BSYNC
 from .modules import load_module
-from .inputs import plain_outputs, sens_call_args, sens_outputs
+from .inputs import (direction_warps, pad_directions, plain_outputs, sens_call_args,
+                     sens_outputs, trim_directions)
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array
 
@@ -51,7 +57,7 @@ class _WarpEmu:
     """Stand-in for ``numba_cuda_mlir.cuda`` as the warp kernel uses it."""
 
     def __init__(self):
-        self.threadIdx, self.blockIdx = _Dim(), _Dim()
+        self.threadIdx, self.blockIdx, self.blockDim = _Dim(), _Dim(), _Dim()
         self.local = _Local()
         self.shared = _Shared(self)
         self.thread = 0
@@ -61,7 +67,8 @@ class _WarpEmu:
 
 def warp_emulation_module(plan, module_dir=None):
     """(module, emulator): the plan's text with its synchronisations as ``yield``."""
-    lines = [ln[:len(ln) - len(ln.lstrip())] + "yield" if ln.strip() == SYNC else ln
+    marks = {SYNC: "yield 0", BSYNC: "yield 1"}
+    lines = [ln[:len(ln) - len(ln.lstrip())] + marks[ln.strip()] if ln.strip() in marks else ln
              for ln in plan.source.splitlines()]
     mod, _ = load_module("\n".join(lines) + "\n", "warp_emu", "emu", id(plan), module_dir)
     emu = _WarpEmu()
@@ -73,39 +80,56 @@ def warp_emulation_module(plan, module_dir=None):
     return mod, emu
 
 
-def run_warps(fn, call_args, n_traj, plan, emu, lane_order="forward", seed=0):
-    """Run generator kernel ``fn`` over ``n_traj`` trajectories, a warp at a time."""
-    W, wpb = plan.lanes, 1
+def run_warps(fn, call_args, n_blocks, plan, emu, lane_order="forward", seed=0, warps=1,
+              warp_order="forward"):
+    """Run generator kernel ``fn`` over ``n_blocks`` blocks of ``warps`` warps each."""
+    W = plan.lanes
     rng = np.random.default_rng(seed)
-    for block in range(-(-n_traj // wpb)):
+    emu.blockDim.x = W * warps
+    for block in range(n_blocks):
         emu.block_shared, emu.calls = [], {}
         emu.blockIdx.x = block
-        for wb in range(wpb):
-            if block * wpb + wb >= n_traj:
-                break
-            tids = [wb * W + lane for lane in range(W)]
-            gens = {}
-            for tid in tids:
-                emu.thread = emu.threadIdx.x = tid
-                gens[tid] = fn(*call_args)
-            running = list(tids)
-            while running:
-                order = list(running)
-                if lane_order == "reverse":
-                    order.reverse()
-                elif lane_order == "shuffle":
-                    rng.shuffle(order)
-                done = []
-                for tid in order:
-                    emu.thread = emu.threadIdx.x = tid
-                    try:
-                        next(gens[tid])
-                    except StopIteration:
-                        done.append(tid)
-                if done and len(done) != len(running):
-                    raise AssertionError(f"block {block} warp {wb}: lanes {sorted(done)} ended "
-                                         "while others wait at a syncwarp")
-                running = [t for t in running if t not in done]
+        gens = {}
+        for tid in range(W * warps):
+            emu.thread = emu.threadIdx.x = tid
+            gens[tid] = fn(*call_args)
+        live = list(range(warps))
+        while live:
+            ended = []
+            for wb in (live if warp_order == "forward" else live[::-1]):
+                if _to_barrier(gens, [wb * W + lane for lane in range(W)], emu, lane_order,
+                               rng, f"block {block} warp {wb}"):
+                    ended.append(wb)
+            if ended and len(ended) != len(live):
+                raise AssertionError(f"block {block}: warps {sorted(ended)} ended while others "
+                                     "wait at a block barrier")
+            live = [wb for wb in live if wb not in ended]
+
+
+def _to_barrier(gens, tids, emu, lane_order, rng, where) -> bool:
+    """Advance one warp's lanes round by round to its next block barrier; True if it ended."""
+    while True:
+        order = list(tids)
+        if lane_order == "reverse":
+            order.reverse()
+        elif lane_order == "shuffle":
+            rng.shuffle(order)
+        done, kinds = [], set()
+        for tid in order:
+            emu.thread = emu.threadIdx.x = tid
+            try:
+                kinds.add(next(gens[tid]))
+            except StopIteration:
+                done.append(tid)
+        if done:
+            if len(done) != len(tids):
+                raise AssertionError(f"{where}: lanes {sorted(done)} ended while others wait at "
+                                     "a synchronisation")
+            return True
+        if len(kinds) != 1:
+            raise AssertionError(f"{where}: lanes wait at different synchronisations")
+        if kinds.pop() == 1:
+            return False
 
 
 def emulate_warp(plan, inp, args, lane_order="forward", module_dir=None):
@@ -126,18 +150,25 @@ def emulate_warp(plan, inp, args, lane_order="forward", module_dir=None):
                                        plan.schedule.n_backward_levels)})
 
 
-def emulate_warp_sens(plan, inp, args, lane_order="forward", module_dir=None):
-    """The warp sensitivity kernel on ``inputs.sens_inputs``, emulated: one warp per
-    (trajectory, direction); a SensitivitySolution."""
+def emulate_warp_sens(plan, inp, args, lane_order="forward", module_dir=None, dir_warps=None,
+                      warp_order="forward"):
+    """The warp sensitivity kernel on ``inputs.sens_inputs``, emulated: a block per
+    (trajectory, group of directions), a warp per direction (``dir_warps`` at most, default the
+    plan's); a SensitivitySolution."""
     mod, emu = warp_emulation_module(plan, module_dir)
+    m = inp["m"]
+    nw = direction_warps(m, plan.spec.dir_warps if dir_warps is None else dir_warps)
+    inp = pad_directions(inp, nw)
     out = sens_outputs(inp)
     call = sens_call_args(inp, args_array(args), out) + (plan.sched, plan.sched_f)
-    run_warps(mod.sens_kernel, call, inp["N"] * inp["m"], plan, emu, lane_order)
+    run_warps(mod.sens_kernel, call, inp["N"] * (inp["m"] // nw), plan, emu, lane_order,
+              warps=nw, warp_order=warp_order)
+    out = trim_directions(out, m)
     return SensitivitySolution(out["ys"], out["dys"], out["status"], out["t_out"],
                                out["n_accepted"], out["n_rejected"], "cuda-emulated",
-                               {"kernel": "warp", "lanes": plan.lanes,
+                               {"kernel": "warp", "lanes": plan.lanes, "direction_warps": nw,
                                 "threads": inp["N"] * inp["m"] * plan.lanes,
-                                "directions": inp["m"]})
+                                "directions": m})
 
 
 def warp_jacobian_emulated(plan, y, t, params, args, lane_order="forward"):

@@ -39,6 +39,9 @@ __all__ = ["WarpPlan", "WarpSensView", "warp_eligible", "build_warp_plan", "WARP
 WARP_SIZE = 32
 #: static shared memory a block may declare without an opt-in
 MAX_STATIC_SHARED = 48 * 1024
+#: direction warps a sensitivity block holds at most: at 255 registers a lane, two blocks of
+#: four warps fill an SM's register file as eight one-warp blocks did
+MAX_DIR_WARPS = 4
 
 WARP_PLANS = Cache("cuda.warp_plans", maxsize=32)
 
@@ -74,15 +77,18 @@ class WarpPlan:
         self.terms = expand_entries(lj.device_source)
         self.schedule = build_warp_schedule(self.linear, lj.rows, lj.cols, placed.entry_slots,
                                             self.terms, lanes)
+        sizes = (n, self.linear.nslots, lanes, len(lj.rows), len(self.terms.monomials))
+        fits = [k for k in range(1, MAX_DIR_WARPS + 1)
+                if WarpSpec.sens_bytes(*sizes, k) <= MAX_STATIC_SHARED]
+        if not fits:
+            raise NotImplementedError(
+                f"the warp kernel needs {WarpSpec.sens_bytes(*sizes, 1)} B of shared memory per "
+                f"trajectory (n = {n}, {self.linear.nslots} LU slots), more than a block's "
+                f"static {MAX_STATIC_SHARED} B")
         self.spec = WarpSpec(n=n, n_params=P, n_tv=int(self.split.n_tv), m=len(lj.rows),
                              n_mono=len(self.terms.monomials), max_steps=int(max_steps),
                              tableau=tab, controller=ctrl, schedule=self.schedule,
-                             mono_source=monomial_functions(self.terms))
-        if self.spec.shared_bytes(sens=True) > MAX_STATIC_SHARED:
-            raise NotImplementedError(
-                f"the warp kernel needs {self.spec.shared_bytes(sens=True)} B of shared memory per "
-                f"trajectory (n = {n}, {self.linear.nslots} LU slots), more than a block's "
-                f"static {MAX_STATIC_SHARED} B")
+                             mono_source=monomial_functions(self.terms), dir_warps=max(fits))
         self.lanes = lanes
         self.threads_per_block = lanes
         self.sched = self.schedule.ints

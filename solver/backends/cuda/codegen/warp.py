@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ....problem.status import Status
 from .spec import KERNEL_ARGS, SENS_KERNEL_ARGS, lit
-from .warp_writer import SYNC, Writer, field
+from .warp_writer import BSYNC, SYNC, Writer, field
 
 __all__ = ["WarpSpec", "WARP_KERNEL_ARGS", "WARP_SENS_KERNEL_ARGS", "generate_warp_source",
            "SYNC"]
@@ -58,6 +58,15 @@ class WarpSpec:
     controller: object
     schedule: object          # warp_schedule.WarpSchedule
     mono_source: str          # warp_entries.monomial_functions
+    dir_warps: int = 1        # direction warps a sensitivity block holds at most
+
+    @staticmethod
+    def sens_bytes(n: int, nslots: int, lanes: int, m: int, n_mono: int, dir_warps: int) -> int:
+        """Static shared memory of one sensitivity block: the primal's LU slots, vectors and
+        entries once, each direction warp's vectors, reduction row and monomials."""
+        n1 = n + 1
+        return 8 * (nslots + 2 + 3 * n1 + m + 1
+                    + dir_warps * (3 * n1 + lanes + 1 + 6 * n_mono))
 
     @property
     def lanes(self) -> int:
@@ -68,11 +77,13 @@ class WarpSpec:
         return self.schedule.nslots
 
     def shared_bytes(self, sens: bool = False) -> int:
-        """Static shared memory of one block (one warp)."""
-        n = self.n + 1
-        vectors = (6 if sens else 3) * n
-        mono = (6 if sens else 3) * self.n_mono
-        return 8 * (self.nslots + 2 + vectors + self.lanes + self.m + 1 + mono)
+        """Static shared memory of one block: a plain block is one warp, a sensitivity block
+        ``dir_warps`` warps."""
+        if sens:
+            return self.sens_bytes(self.n, self.nslots, self.lanes, self.m, self.n_mono,
+                                   self.dir_warps)
+        return 8 * (self.nslots + 2 + 3 * (self.n + 1) + self.lanes + self.m + 1
+                    + 3 * self.n_mono)
 
 
 class _Names:
@@ -95,21 +106,33 @@ def _rhs_s(w: Writer, q: int, vy: str, vs: str, g: str, th: int, out: str, dx=No
 def _head(w: Writer):
     s, K, n, sens = w.s, w.K, w.n, w.sens
     S, M = s.tableau.stages, s.n_mono
-    n1 = n + 1
+    n1, NW = n + 1, s.dir_warps
     if sens:
         w(0, "def sens_kernel(" + ", ".join(WARP_SENS_KERNEL_ARGS) + "):")
+        # a block is one trajectory and nw <= dir_warps of its directions, a warp each; warp 0
+        # (P0) also carries the state y, its factorisation and its stage solves
+        w(1, "Lb = U64(cuda.threadIdx.x)", f"L = Lb % U64({s.lanes})",
+          f"Wp = Lb // U64({s.lanes})", f"nw = U64(cuda.blockDim.x) // U64({s.lanes})",
+          "P0 = Wp == U64(0)", f"so = Wp * U64({n1})", f"go = Wp * U64({4 * M})",
+          f"gso = Wp * U64({2 * M})", f"ro = Wp * U64({s.lanes})")
     else:
         w(0, "def kernel(" + ", ".join(WARP_KERNEL_ARGS) + "):")
-    w(1, "L = U64(cuda.threadIdx.x)", f"sh_l = cuda.shared.array({s.nslots + 2}, F64)")
-    vecs = ["sh_y", "sh_yi", "sh_x"] + (["sh_s", "sh_si", "sh_xs"] if sens else [])
+        w(1, "L = U64(cuda.threadIdx.x)")
+    w(1, f"sh_l = cuda.shared.array({s.nslots + 2}, F64)")
+    vecs = ["sh_y", "sh_yi", "sh_x"]
     w(1, *[f"{v} = cuda.shared.array({n1}, F64)" for v in vecs])
-    w(1, f"sh_r = cuda.shared.array({s.lanes}, F64)",
+    warp_vecs = ["sh_s", "sh_si", "sh_xs"] if sens else []
+    w(1, *[f"{v} = cuda.shared.array({NW * n1}, F64)" for v in warp_vecs])
+    w(1, f"sh_r = cuda.shared.array({(NW if sens else 1) * s.lanes}, F64)",
       f"sh_j = cuda.shared.array({s.m + 1}, F64)",
-      f"sh_g = cuda.shared.array({(4 if sens else 2) * M}, F64)",
-      f"sh_gs = cuda.shared.array({(2 if sens else 1) * M}, F64)")
+      f"sh_g = cuda.shared.array({(4 * NW if sens else 2) * M}, F64)",
+      f"sh_gs = cuda.shared.array({(2 * NW if sens else 1) * M}, F64)")
     if sens:
-        w(1, "gb = cuda.blockIdx.x", "if gb >= n_traj * n_dir:", "    return",
-          "i = gb // n_dir", "d = gb - i * n_dir",
+        # n_dir: the directions, padded by the host to a multiple of nw
+        w(1, f"sh_t = cuda.shared.array({NW}, F64)",
+          f"nwi = cuda.blockDim.x // {s.lanes}", "ng = n_dir // nwi", "gb = cuda.blockIdx.x",
+          "if gb >= n_traj * ng:", "    return", "i = gb // ng",
+          f"d = (gb - i * ng) * nwi + cuda.threadIdx.x // {s.lanes}",
           "da = dargs[d if dargs.shape[0] == n_dir else 0]",
           # the error weights: one row (n,) for every trajectory and direction
           "wt = weights", "wt_s = weights_s")
@@ -121,8 +144,10 @@ def _head(w: Writer):
     for q in range(K):
         w(1, f"r{q} = {field(w.ws.own_row[q])}", f"p{q} = {field(w.ws.own_pos[q])}",
           f"dg{q} = {field(w.ws.own_diag[q])}")
-    w(1, "if L == U64(0):", f"    sh_l[{w.ws.scratch}] = 0.0", f"    sh_l[{w.ws.zero}] = 0.0",
-      *[f"    {v}[{n}] = 0.0" for v in vecs], f"    sh_j[{s.m}] = 0.0")
+    w(1, "if L == U64(0):")
+    w(2, *w.primal([f"sh_l[{w.ws.scratch}] = 0.0", f"sh_l[{w.ws.zero}] = 0.0",
+                    *[f"{v}[{n}] = 0.0" for v in vecs], f"sh_j[{s.m}] = 0.0"]),
+      *[f"{w.ix(v, f'U64({n})')} = 0.0" for v in warp_vecs])
     locs = ["f0", "dt", "y1"] + (["g0", "sdt", "s1", "rs"] if sens else [])
     w(1, f"p = cuda.local.array({s.n_params}, F64)", f"kk = cuda.local.array({S * K}, F64)",
       *[f"{v} = cuda.local.array({K}, F64)" for v in locs])
@@ -131,15 +156,15 @@ def _head(w: Writer):
     w(1, f"for q in range({s.n_params}):", "    p[q] = params[i, q]")
     if sens:
         w(1, "    dp[q] = dparams[d, i, q]")
-    w.rows(1, lambda q: [f"sh_y[r{q}] = y0[i, r{q}]"] + ([f"sh_s[r{q}] = s0[d, i, r{q}]"]
-                                                        if sens else []))
+    w.rows(1, lambda q: w.primal([f"sh_y[r{q}] = y0[i, r{q}]"])
+           + ([f"{w.ix('sh_s', f'r{q}')} = s0[d, i, r{q}]"] if sens else []))
     w(1, "t = t0[i]", "te = t_end[i]", "m = t_save.shape[1]",
       "# save times at or before t0 get y0; the others NaN until a step passes them",
       "jsv = 0", "for j in range(m):", "    if t_save[i, j] <= t:")
-    _store_rows(w, 3, lambda q: f"sh_y[r{q}]", lambda q: f"sh_s[r{q}]", "j")
+    _store_rows(w, 3, lambda q: f"sh_y[r{q}]", lambda q: w.ix("sh_s", f"r{q}"), "j")
     w(2, "    jsv = j + 1", "else:")
     _store_rows(w, 3, lambda q: "math.nan", lambda q: "math.nan", "j")
-    w(1, SYNC)
+    w(1, w.bsync())
 
 
 def _store_rows(w: Writer, d: int, yv, sv, j: str):
@@ -156,15 +181,16 @@ def _eval_stage_monomials(w: Writer, d: int, t: str):
     """The monomials (and, sensitivity, their θ-derivatives) at time ``t`` into sh_gs."""
     w(d, f"tv = table_values({t}, p, args)")
     if w.sens:
-        w(d, f"dtvt = table_values({t}, p, da)", f"mono_th_eval({t}, p, tv, dp, dtvt, sh_gs)")
+        w(d, f"dtvt = table_values({t}, p, da)",
+          f"mono_th_eval({t}, p, tv, dp, dtvt, sh_gs, gso)")
     else:
         w(d, f"mono_eval({t}, p, tv, sh_gs)")
 
 
 def _norm_parts(w: Writer, y_val, y_a, y_b, s_val=None, s_a=None, s_b=None):
-    parts = [(y_val, y_a, y_b, "atol", "wt")]
+    parts = [(y_val, y_a, y_b, "atol", "wt", True)]
     if w.sens:
-        parts.append((s_val, s_a, s_b, "atol_s", "wt_s"))
+        parts.append((s_val, s_a, s_b, "atol_s", "wt_s", False))
     return parts
 
 
@@ -174,33 +200,35 @@ def _initial_step(w: Writer):
     tab, sens, M = w.s.tableau, w.sens, w.s.n_mono
     w(1, "span = te - t", "hh = h0[i]", "if hh != hh:", "    hs = 0.0", "    d0 = 0.0",
       "    d1 = 0.0", "    d2 = 0.0", "    for ev in range(2):",
-      "        tx = t if ev == 0 else t + hs", "        " + SYNC)
+      "        tx = t if ev == 0 else t + hs", "        " + w.bsync())
     _eval_stage_monomials(w, 3, "tx")
     w(3, "acc = 0.0", "if ev == 0:")
 
     def first(q):
-        lines = w.entries(q, "sh_y", "fv", g="sh_gs") + [f"f0[{q}] = fv"]
+        lines = w.primal(w.entries(q, "sh_y", "fv", g="sh_gs") + [f"f0[{q}] = fv"])
         if sens:
             lines += _rhs_s(w, q, "sh_y", "sh_s", "sh_gs", M, "gv") + [f"g0[{q}] = gv"]
         return lines
 
     w.rows(4, first, guard=False)
-    yv, sv = (lambda q: f"sh_y[r{q}]"), (lambda q: f"sh_s[r{q}]")
+    yv, sv = (lambda q: f"sh_y[r{q}]"), (lambda q: w.ix("sh_s", f"r{q}"))
     w.norm(4, _norm_parts(w, yv, yv, yv, sv, sv, sv), "d0")
     w.norm(4, _norm_parts(w, lambda q: f"f0[{q}]", yv, yv, lambda q: f"g0[{q}]", sv, sv), "d1")
     w(4, "if d0 < 1e-5 or d1 < 1e-5:", "    hs = 1e-6", "else:", "    hs = 0.01 * d0 / d1",
       "hs = _nmin(hs, span)")
-    w.rows(4, lambda q: [f"sh_yi[r{q}] = sh_y[r{q}] + hs * f0[{q}]"]
-           + ([f"sh_si[r{q}] = sh_s[r{q}] + hs * g0[{q}]"] if sens else []), guard=False)
+    w.rows(4, lambda q: w.primal([f"sh_yi[r{q}] = sh_y[r{q}] + hs * f0[{q}]"])
+           + ([f"{w.ix('sh_si', f'r{q}')} = {w.ix('sh_s', f'r{q}')} + hs * g0[{q}]"]
+              if sens else []), guard=False)
     w(3, "else:")
 
     def second(q):
-        lines = w.entries(q, "sh_yi", "fv", g="sh_gs") + [
+        lines = w.primal(w.entries(q, "sh_yi", "fv", g="sh_gs") + [
             f"sc = atol[r{q}] + rtol * _nmax(abs(sh_y[r{q}]), abs(sh_y[r{q}]))",
-            f"rr = wt[r{q}] * (fv - f0[{q}]) / sc", "acc += rr * rr"]
+            f"rr = wt[r{q}] * (fv - f0[{q}]) / sc", "acc += rr * rr"])
         if sens:
+            sq = w.ix("sh_s", f"r{q}")
             lines += _rhs_s(w, q, "sh_yi", "sh_si", "sh_gs", M, "gv") + [
-                f"sc = atol_s[r{q}] + rtol * _nmax(abs(sh_s[r{q}]), abs(sh_s[r{q}]))",
+                f"sc = atol_s[r{q}] + rtol * _nmax(abs({sq}), abs({sq}))",
                 f"rr = wt_s[r{q}] * (gv - g0[{q}]) / sc", "acc += rr * rr"]
         return lines
 
@@ -221,17 +249,17 @@ def _step_start(w: Writer, nm: _Names):
     w(1, "h = hh", f"st = {RUN} if te > t else {OK}", "e1 = 1.0", "e2 = 1.0", "nacc = 0",
       "nrej = 0", "need_jac = True", f"while st == {RUN}:",
       "    to_end = te - t", "    last = h >= to_end", "    if last:", "        h = to_end",
-      "    " + SYNC, "    if need_jac:",
+      "    " + w.bsync(), "    if need_jac:",
       "        tv = table_values(t, p, args)", "        dtv = table_values_dt(t, p, args)")
     if sens:
         w(2, "    dtvt = table_values(t, p, da)", "    ddtvt = table_values_dt(t, p, da)",
-          "    mono_all_eval(t, p, tv, dp, dtvt, dtv, ddtvt, sh_g)")
+          "    mono_all_eval(t, p, tv, dp, dtvt, dtv, ddtvt, sh_g, go)")
     else:
         w(2, "    mono_dt_eval(t, p, tv, dtv, sh_g)")
 
     def start(q):
-        lines = (w.entries(q, "sh_y", "fv", store=True) + [f"f0[{q}] = fv"]
-                 + w.entries(q, "sh_y", "fv", mono0=nm.dx) + [f"dt[{q}] = fv"])
+        lines = w.primal(w.entries(q, "sh_y", "fv", store=True) + [f"f0[{q}] = fv"]
+                         + w.entries(q, "sh_y", "fv", mono0=nm.dx) + [f"dt[{q}] = fv"])
         if sens:
             lines += (_rhs_s(w, q, "sh_y", "sh_s", "sh_g", M, "gv") + [f"g0[{q}] = gv"]
                       + _rhs_s(w, q, "sh_y", "sh_s", "sh_g", M, "gv", dx=(2 * M, 3 * M))
@@ -259,38 +287,46 @@ def _stages(w: Writer, nm: _Names):
         w(3, f"{'if' if st == 1 else 'elif'} sg == {st}:")
 
         def point(q, a=a):
-            lines = [f"sh_yi[r{q}] = sh_y[r{q}]" + "".join(f" + {c} * kk[{j * K + q}]"
-                                                           for c, j in a)]
+            lines = w.primal([f"sh_yi[r{q}] = sh_y[r{q}]"
+                              + "".join(f" + {c} * kk[{j * K + q}]" for c, j in a)])
             if sens:
-                lines.append(f"sh_si[r{q}] = sh_s[r{q}]" + "".join(f" + {c} * ks[{j * K + q}]"
-                                                                   for c, j in a))
+                lines.append(f"{w.ix('sh_si', f'r{q}')} = {w.ix('sh_s', f'r{q}')}"
+                             + "".join(f" + {c} * ks[{j * K + q}]" for c, j in a))
             return lines
 
         w.rows(4, point, guard=False)
         w(4, f"tj = t + {lit(tab.c[st])} * h", f"ev = {bool(tab.c[st] != tab.c[st - 1])}")
-    w(3, "if sg > 0:", "    " + SYNC, "if ev:")
+    w(3, "if sg > 0:", "    " + w.bsync(), "if ev:")
     _eval_stage_monomials(w, 4, "tj")
-    # W from J(t_n), which every lane stored for its rows at the step's start
-    w(3, "if sg == 0:", "    " + SYNC, f"    inv = 1.0 / (h * {lit(tab.gamma)})")
+    # W from J(t_n), which every lane (of the primal warp) stored for its rows at the step's
+    # start, factored by that warp alone
+    w(3, "if sg == 0:")
+    b = 4
+    if sens:
+        w(4, "if P0:")
+        b = 5
+    w(b, SYNC, f"inv = 1.0 / (h * {lit(tab.gamma)})")
     nrows = -(-s.nslots // s.lanes)
     for rr in range(nrows):
-        base, ind = rr * s.lanes, 4
+        base, ind = rr * s.lanes, b
         if base + s.lanes > s.nslots:
-            w(4, f"if L < U64({s.nslots - base}):")
-            ind = 5
+            w(b, f"if L < U64({s.nslots - base}):")
+            ind = b + 1
         w(ind, f"code = {field(w.ws.wslot + base)}",
           "wv = -sh_j[(code >> U64(1)) - U64(1)] if code >= U64(2) else 0.0",
           "if (code & U64(1)) == U64(1):", "    wv += inv", f"sh_l[L + U64({base})] = wv")
-    w(4, SYNC)
-    w.factor(4)
+    w(b, SYNC)
+    w.factor(b)
     # the stage's rhs: f (and s') at the stage point (stage 0: at t_n) plus the tableau's terms
+    if sens:
+        w.rows(3, lambda q: [f"fv{q} = 0.0"], guard=False)
     w(3, "if sg == 0:")
-    w.rows(4, lambda q: [f"fv{q} = f0[{q}]"] + ([f"rs[{q}] = g0[{q}]"] if sens else []),
+    w.rows(4, lambda q: w.primal([f"fv{q} = f0[{q}]"]) + ([f"rs[{q}] = g0[{q}]"] if sens else []),
            guard=False)
     w(3, "else:")
 
     def stage_f(q):
-        lines = w.entries(q, "sh_yi", f"fv{q}", g="sh_gs")
+        lines = w.primal(w.entries(q, "sh_yi", f"fv{q}", g="sh_gs"))
         if sens:
             lines += _rhs_s(w, q, "sh_yi", "sh_si", "sh_gs", M, "gv") + [f"rs[{q}] = gv"]
         return lines
@@ -298,23 +334,31 @@ def _stages(w: Writer, nm: _Names):
     w.rows(4, stage_f, guard=False)
     for st in range(S):
         w(3, f"{'if' if st == 0 else 'elif'} sg == {st}:")
-        w.rows(4, lambda q, st=st: [f"sh_x[p{q}] = fv{q}" + _stage_terms(w, st, q, "kk", "dt")]
+        w.rows(4, lambda q, st=st: w.primal([f"sh_x[p{q}] = fv{q}"
+                                             + _stage_terms(w, st, q, "kk", "dt")])
                + ([f"rs[{q}] = rs[{q}]" + _stage_terms(w, st, q, "ks", "sdt")] if sens else []),
                guard=False)
-    w(3, SYNC)
-    w.solve(3, "sh_x")
     if sens:
+        w(3, "if P0:")
+        w(4, SYNC)
+        w.solve(4, "sh_x")
+        # k (sh_x) and the factorisation (sh_l) seen by every direction warp
+        w(3, BSYNC)
         # W k_s = r_s + J_θ(t_n) k: k in sh_x, by elimination position
         w.rows(3, lambda q: w.entries(q, "sh_x", "gv", mono0=M, by_position=True)
                + [f"rs[{q}] = rs[{q}] + gv"], guard=False)
         w(3, SYNC)
-        w.rows(3, lambda q: [f"sh_xs[p{q}] = rs[{q}]"], guard=False)
+        w.rows(3, lambda q: [f"{w.ix('sh_xs', f'p{q}')} = rs[{q}]"], guard=False)
         w(3, SYNC)
         w.solve(3, "sh_xs")
+    else:
+        w(3, SYNC)
+        w.solve(3, "sh_x")
     for st in range(S):
         w(3, f"{'if' if st == 0 else 'elif'} sg == {st}:")
-        w.rows(4, lambda q, st=st: [f"kk[{st * K + q}] = sh_x[p{q}]"]
-               + ([f"ks[{st * K + q}] = sh_xs[p{q}]"] if sens else []), guard=False)
+        w.rows(4, lambda q, st=st: w.primal([f"kk[{st * K + q}] = sh_x[p{q}]"])
+               + ([f"ks[{st * K + q}] = {w.ix('sh_xs', f'p{q}')}"] if sens else []),
+               guard=False)
 
 
 def _error_control(w: Writer):
@@ -327,13 +371,13 @@ def _error_control(w: Writer):
 
     def one(q, kname, v, v1, atol, wts):
         comb = " + ".join(f"{c} * {kname}[{j * K + q}]" for c, j in er) if er else "0.0"
-        return [f"yv = {v}[r{q}]",
+        return [f"yv = {w.ix(v, f'r{q}')}",
                 f"{v1}[{q}] = yv" + "".join(f" + {c} * {kname}[{j * K + q}]" for c, j in b),
                 f"ee = {comb}", f"sc = {atol}[r{q}] + rtol * _nmax(abs(yv), abs({v1}[{q}]))",
                 f"rr = {wts}[r{q}] * ee / sc", "acc += rr * rr",
                 f"if not _isfin({v1}[{q}]):", "    acc += math.inf"]
 
-    w.rows(2, lambda q: one(q, "kk", "sh_y", "y1", "atol", "wt")
+    w.rows(2, lambda q: w.primal(one(q, "kk", "sh_y", "y1", "atol", "wt"))
            + (one(q, "ks", "sh_s", "s1", "atol_s", "wt_s") if sens else []))
     w.reduce(2, "acc", "tot")
     fac = [lit(ctrl.safety)]
@@ -369,13 +413,14 @@ def _accept(w: Writer, nm: _Names):
                 terms = [f"{lit(H[r, j])} * {kname}[{j * K + q}]" for j in range(S)
                          if H[r, j] != 0.0]
                 cs.append("(" + (" + ".join(terms) if terms else "0.0") + ")")
-            return (f"om * {v}[r{q}] + th * ({v1}[{q}] + om * ({cs[0]} + th * ({cs[1]} + th * "
+            return (f"om * {w.ix(v, f'r{q}')} + th * ({v1}[{q}] + om * ({cs[0]} + th * ({cs[1]} + th * "
                     f"{cs[2]})))")
         return value
 
     _store_rows(w, 4, interp("kk", "sh_y", "y1"), interp("ks", "sh_s", "s1"), "jsv")
     w(2, "        jsv += 1", "    if last:", "        t = te", "    else:", "        t = t + h")
-    w.rows(3, lambda q: [f"sh_y[r{q}] = y1[{q}]"] + ([f"sh_s[r{q}] = s1[{q}]"] if sens else []))
+    w.rows(3, lambda q: w.primal([f"sh_y[r{q}] = y1[{q}]"])
+           + ([f"{w.ix('sh_s', f'r{q}')} = s1[{q}]"] if sens else []))
     w(2, "    nacc += 1", "    e2 = e1", "    e1 = err_s", "    need_jac = True",
       "    if last:", f"        st = {OK}", "else:", "    nrej += 1", "    if h_new < dt_min:",
       f"        st = {int(Status.STEP_TOO_SMALL)} if finite else {int(Status.NON_FINITE)}",

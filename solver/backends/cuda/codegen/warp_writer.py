@@ -8,10 +8,17 @@ wrapping for it.  ``codegen.warp`` composes them into the plain and the sensitiv
 """
 from __future__ import annotations
 
-__all__ = ["SYNC", "Writer", "field", "real_field"]
+__all__ = ["SYNC", "BSYNC", "Writer", "field", "real_field"]
 
-#: the synchronisation statement (the emulator replaces exactly this line)
+#: the synchronisation statements (the emulator replaces exactly these lines): a warp's, and a
+#: block's (the sensitivity kernel's warps of one trajectory)
 SYNC = "cuda.syncwarp()"
+BSYNC = "cuda.syncthreads()"
+
+#: the sensitivity kernel's shared arrays of which every warp (direction) has its own part, and
+#: the variable holding that warp's offset into them
+_PER_WARP = {"sh_s": "so", "sh_si": "so", "sh_xs": "so", "sh_g": "go", "sh_gs": "gso",
+             "sh_r": "ro"}
 
 
 def field(off: int) -> str:
@@ -30,6 +37,26 @@ class Writer:
         self.s, self.ws, self.sens = spec, spec.schedule, sens
         self.K, self.n = spec.schedule.per_lane, spec.n
         self.lines: list[str] = []
+
+    def ix(self, array: str, index: str) -> str:
+        """``array[index]``; in the sensitivity kernel a per-warp array's index is offset to the
+        warp's own part."""
+        off = _PER_WARP.get(array) if self.sens else None
+        if not off:
+            return f"{array}[{index}]"
+        return f"{array}[{off} + ({index})]" if " " in index else f"{array}[{off} + {index}]"
+
+    def primal(self, lines: list[str]) -> list[str]:
+        """``lines`` about the trajectory's state y: in the sensitivity kernel only its primal
+        warp (warp 0) runs them, and the others read what it leaves in shared memory."""
+        if not (self.sens and lines):
+            return lines
+        return ["if P0:"] + ["    " + ln for ln in lines]
+
+    def bsync(self) -> str:
+        """The barrier after which the trajectory's shared state is seen by all its lanes: the
+        warp's, or in the sensitivity kernel the block's."""
+        return BSYNC if self.sens else SYNC
 
     def __call__(self, d: int, *texts: str):
         for t in texts:
@@ -55,28 +82,38 @@ class Writer:
         elimination position with ``by_position``); ``store``: each entry also into ``sh_j``."""
         L = [] if add else [f"{out} = 0.0"]
         for ent in self.ws.entries[q]:
-            terms = [f"{real_field(c)} * {g}[U64({mono0}) + {field(mo)}]"
+            terms = [f"{real_field(c)} * {self.ix(g, f'U64({mono0}) + {field(mo)}')}"
                      for c, mo in zip(ent.coefs, ent.monos)]
             L.append(f"jv = {' + '.join(terms) if terms else '0.0'}")
             if store:
                 L.append(f"sh_j[{field(ent.index)}] = jv")
             col = ent.colpos if by_position else ent.col
-            L.append(f"{out} += jv * {vec}[{field(col)}]")
+            L.append(f"{out} += jv * {self.ix(vec, field(col))}")
         return L
 
     def reduce(self, d: int, acc: str, out: str):
-        self(d, f"sh_r[L] = {acc}", SYNC, "tot = 0.0")
-        self(d, *[f"tot += sh_r[{ln}]" for ln in range(self.s.lanes)])
-        self(d, SYNC, f"{out} = tot")
+        """``out`` = the sum of every lane's ``acc``: over the warp, and in the sensitivity
+        kernel then over the block's warps (in warp order, so every lane gets the same bits)."""
+        self(d, f"{self.ix('sh_r', 'L')} = {acc}", SYNC, "tot = 0.0")
+        lane = (lambda ln: f"U64({ln})") if self.sens else str
+        self(d, *[f"tot += {self.ix('sh_r', lane(ln))}" for ln in range(self.s.lanes)])
+        if self.sens:
+            self(d, "if L == U64(0):", "    sh_t[Wp] = tot", BSYNC, "tot = 0.0",
+                 "for kw in range(nw):", "    tot += sh_t[kw]", BSYNC, f"{out} = tot")
+        else:
+            self(d, SYNC, f"{out} = tot")
 
     def norm(self, d: int, parts, out: str):
         """``out`` = sqrt(Σ_parts Σ_rows (w e / sc)² / n_weighted): ``parts`` are (value(q),
-        ya(q), yb(q), atol, weights) -- one for y, a second for s (the joint norm)."""
+        ya(q), yb(q), atol, weights, primal) -- one for y (primal: in the sensitivity kernel
+        its warp 0 only), one for s (the joint norm)."""
         self(d, "acc = 0.0")
-        for value, ya, yb, atol, wts in parts:
-            self.rows(d, lambda q: [f"sc = {atol}[r{q}] + rtol * _nmax(abs({ya(q)}), "
-                                    f"abs({yb(q)}))",
-                                    f"rr = {wts}[r{q}] * ({value(q)}) / sc", "acc += rr * rr"])
+        for value, ya, yb, atol, wts, primal in parts:
+            def body(q):
+                lines = [f"sc = {atol}[r{q}] + rtol * _nmax(abs({ya(q)}), abs({yb(q)}))",
+                         f"rr = {wts}[r{q}] * ({value(q)}) / sc", "acc += rr * rr"]
+                return self.primal(lines) if primal else lines
+            self.rows(d, body)
         self.reduce(d, "acc", "tot")
         self(d, f"{out} = math.sqrt(tot / n_weighted)")
 
@@ -104,13 +141,15 @@ class Writer:
             for lv, level in enumerate(lv_list):
                 self(d, f"# {what} level {lv}")
                 for rd in level:
-                    self(d, f"kr = {field(rd.head)}", f"acc = {x}[kr]")
+                    self(d, f"kr = {field(rd.head)}", f"acc = {self.ix(x, 'kr')}")
                     for pr in rd.pairs:
-                        self(d, f"pr = {field(pr)}", f"acc -= sh_l[pr & M16] * {x}[pr >> S16]")
-                    self(d, f"{x}[kr] = acc")
+                        self(d, f"pr = {field(pr)}",
+                             f"acc -= sh_l[pr & M16] * {self.ix(x, 'pr >> S16')}")
+                    self(d, f"{self.ix(x, 'kr')} = acc")
                 self(d, SYNC)
 
         levels(self.ws.forward, "forward")
-        self.rows(d, lambda q: [f"{x}[p{q}] = {x}[p{q}] * sh_l[dg{q}]"], guard=False)
+        self.rows(d, lambda q: [f"{self.ix(x, f'p{q}')} = {self.ix(x, f'p{q}')} * sh_l[dg{q}]"],
+                  guard=False)
         self(d, SYNC)
         levels(self.ws.backward, "backward")
