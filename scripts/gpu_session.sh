@@ -6,6 +6,8 @@
 #              XLA:CPU's Eigen threads off
 #   pools      bench_gpu parts c and d (one P(k), the Jacobian) once per XLA:CPU pool size in
 #              POOLS (default "1 2 4 default"), a process each
+#   dirwarps   bench_gpu part d once per sensitivity-kernel direction warps per block in
+#              DIR_WARPS (default "default 1"; BOLTZMANN_DIRECTION_WARPS), a process each
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
 #   first_run_1t   the main job's first and second process with that pool
@@ -90,6 +92,17 @@ for s in ${STEPS:-cb d first_run profile}; do
                 --row-limit 250 --grad-batch "${GRAD_BATCH:-16}" --out "$JOB/pool_$T"
         done
         unset BOLTZMANN_HOST_THREADS ;;
+    dirwarps)
+        # the sensitivity kernel's direction warps per block at most (BOLTZMANN_DIRECTION_WARPS;
+        # "default": the kernel's own) against the Jacobian and the batched value-and-Jacobian,
+        # a process each, side by side
+        for DW in ${DIR_WARPS:-default 1}; do
+            if [ "$DW" = default ]; then unset BOLTZMANN_DIRECTION_WARPS; else export BOLTZMANN_DIRECTION_WARPS=$DW; fi
+            step "dirwarps_$DW" 420 python scripts/bench_gpu.py --parts d --backends cuda \
+                --budget 400 --row-limit 380 --grad-sec "${GRAD_SEC:-0.01}" \
+                --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/dirwarps_$DW"
+        done
+        unset BOLTZMANN_DIRECTION_WARPS ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
