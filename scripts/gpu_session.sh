@@ -99,7 +99,7 @@ for s in ${STEPS:-cb d first_run profile}; do
         for DW in ${DIR_WARPS:-default 1}; do
             if [ "$DW" = default ]; then unset BOLTZMANN_DIRECTION_WARPS; else export BOLTZMANN_DIRECTION_WARPS=$DW; fi
             step "dirwarps_$DW" 420 python scripts/bench_gpu.py --parts d --backends cuda \
-                --budget 400 --row-limit 380 --grad-sec "${GRAD_SEC:-0.01}" \
+                --budget 400 --row-limit 380 --grad-sec "${GRAD_SEC:-config}" \
                 --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/dirwarps_$DW"
         done
         unset BOLTZMANN_DIRECTION_WARPS ;;
