@@ -11,15 +11,17 @@ Save times, ``t0`` and ``t_end`` are not differentiated (their tangents are trea
 * Under differentiation a ``jax.custom_jvp`` rule returns the ordinary solve as primal and, as
   tangent, one linear primitive (``primitive.sensitivity_tangent_p``) of the input tangents,
   implemented by the backend's ``solve_sensitivities``: on the JAX backend the joint system
-  [y, s_1 .. s_m] (``backends.jax.joint``), on the CUDA backend the generated sensitivity kernel,
-  one GPU thread per (trajectory, direction).
+  [y, s_1 .. s_m] (``backends.jax.joint``), on the CUDA backend the generated sensitivity kernel
+  (for the EB models a block per trajectory and group of up to four directions, a warp each;
+  otherwise a GPU thread per (trajectory, direction)).
 * Error control: ``sensitivity_error_control=True`` (default) includes the sensitivities in the
   error norm (the weights are scaled so the joint error² = Σ over blocks of each block's RMS²,
   hence every block is controlled at least as tightly as the plain solve controls y); ``False``
   gives them zero weight, so the joint solve takes exactly the plain solve's steps and the
-  sensitivities carry whatever error those steps make. The CUDA kernel controls each direction's
-  RMS_y² + RMS_s² (the JAX joint solve of m directions RMS_y² + Σ_d RMS_s_d²), so the two backends
-  take different steps and agree to the tolerance, not to rounding.
+  sensitivities carry whatever error those steps make. The JAX joint solve of m directions
+  controls RMS_y² + Σ_d RMS_s_d²; the CUDA thread kernel each direction's RMS_y² + RMS_s², the
+  warp kernel the same sum over each block's directions; so the backends take different steps
+  and agree to the tolerance, not to rounding.
 * Reverse mode costs one sensitivity solve with K = (differentiated input components per
   trajectory) directions: fine for a handful of parameters, expensive when a large table in
   ``args`` is differentiated. For a pipeline θ → tables → solve, wrap the whole θ-map with

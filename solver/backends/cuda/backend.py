@@ -187,9 +187,10 @@ class CudaBackend(Backend):
                                  params, table, ts, t0, te, vmap_method="sequential")
 
     def solve_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
-        """The tangent (m, N, ns, n) from the sensitivity kernel (host callback): N·m threads,
-        one per (trajectory, direction); a trajectory with a failed direction is NaN at the save
-        times that direction did not reach, in every direction (``dys_or_nan``)."""
+        """The tangent (m, N, ns, n) from the sensitivity kernel (host callback): the warp
+        kernel's blocks of a trajectory's directions, or the thread kernel's thread per
+        (trajectory, direction); a trajectory with a failed direction is NaN at the save times
+        that direction did not reach, in every direction (``dys_or_nan``)."""
         return self._sensitivity_callback(spec, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
                                           with_ys=False)
 

@@ -1,5 +1,6 @@
-"""Launching the CUDA kernels from the host: host arrays copied to the device, one thread per
-trajectory (or per (trajectory, direction)), results copied back.  numba-cuda-mlir compiles and
+"""Launching the CUDA kernels from the host: host arrays copied to the device, a thread or a
+warp per trajectory (the sensitivity kernels: per (trajectory, direction), or a block per
+trajectory and group of directions), results copied back.  numba-cuda-mlir compiles and
 launches them; the sensitivity kernel, with a kernel cache, is launched from its cached image
 through the driver instead (``launch_cubin``).  The XLA FFI launch (``launch_ffi``) runs the
 plain kernel's cubin on XLA's stream."""
@@ -101,10 +102,13 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                         error_weights=None, max_steps=100_000, first_step=None, controller=None,
                         tableau=RODAS5P, module_dir=None, kernel_cache=None, kernel_kind="auto",
                         dir_warps=None):
-    """Forward sensitivities on the GPU: the warp sensitivity kernel (one warp per (trajectory,
-    direction), block g = i·m + d) where ``choose_kernel`` picks it, else one thread per
-    (trajectory, direction), N·m threads, thread g = i·m + d (a trajectory's directions share a warp: same tables row and parameters,
-    and without sensitivity error control identical step sequences, so no divergence).
+    """Forward sensitivities on the GPU: the warp sensitivity kernel where ``choose_kernel``
+    picks it -- a block per (trajectory, group of nw directions), a warp per direction, nw =
+    ``inputs.direction_warps`` of m and the plan's ``dir_warps`` (``dir_warps`` caps it), the
+    directions padded by zero ones to a multiple of nw -- else one thread per (trajectory,
+    direction), N·m threads, thread g = i·m + d (a trajectory's directions share a warp: same
+    tables row and parameters, and without sensitivity error control identical step sequences,
+    so no divergence).
 
     With a ``kernel_cache`` (``KernelCache``) the kernel's image comes from it -- compiled and
     stored on a miss -- and is launched through the driver on driver-allocated arrays

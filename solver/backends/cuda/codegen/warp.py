@@ -1,5 +1,6 @@
-"""The warp kernels: one trajectory (``kernel``) or one (trajectory, direction) pair
-(``sens_kernel``) per warp of ``lanes`` threads, for linear right-hand sides.
+"""The warp kernels: one trajectory per warp of ``lanes`` threads (``kernel``), or one
+trajectory and up to ``dir_warps`` of its tangent directions per block, a warp per direction
+(``sens_kernel``), for linear right-hand sides.
 
 Why: one trajectory per thread keeps a step's whole chain of dependent operations -- the RHS, the
 Jacobian, the sparse LU and eight triangular solves on ~60 kB of local memory -- in one thread;
@@ -21,6 +22,15 @@ The sensitivity kernel integrates z = [y, s] with s' = J s + J_θ y, J_θ the en
 along the direction (dp, tangent table): the same terms over the monomials' directional
 derivatives.  The joint W = [[W, 0], [−J_θ, W]] is solved exactly with W's one factorisation:
 W k = r, then W k_s = r_s + J_θ(t_n) k (the staggered direct method), as the thread kernel does.
+The block's directions share y and W: its warp 0 (``P0``) alone carries y -- f, J into W, the
+factorisation, every stage's W k = r -- and leaves them in shared memory; every warp then solves
+its own direction's W k_s (``__syncthreads`` where the primal's results pass to the others: after
+each stage point and each primal solve).  Per step that is one factorisation and one primal solve
+a stage for the block instead of one per direction.  The block takes one step sequence: its
+error norm sums y's and all its directions' (RMS_y² + Σ_d RMS_s_d², the JAX joint solve's
+convention over the block's directions), reduced warp by warp in warp order so every lane gets
+the same bits.  The host pads the directions with zero ones to fill the last block (a zero
+direction adds exactly nothing to the norm).
 
 The algorithm -- initial step, Rodas stages (rolled: the tableau's literals in one branch a
 stage), PID controller, dense output, statuses, the joint error norm -- is the thread kernel's
