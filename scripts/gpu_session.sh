@@ -8,6 +8,8 @@
 #              POOLS (default "1 2 4 default"), a process each
 #   dirwarps   bench_gpu part d once per sensitivity-kernel direction warps per block in
 #              DIR_WARPS (default "default 1"; BOLTZMANN_DIRECTION_WARPS), a process each
+#   ncu        Nsight Compute (if the machine has it) on one warm launch of the plain warp
+#              kernel and of the sensitivity kernel: $JOB/ncu_plain.txt, ncu_sens.txt
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
 #   first_run_1t   the main job's first and second process with that pool
@@ -103,6 +105,22 @@ for s in ${STEPS:-cb d first_run profile}; do
                 --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/dirwarps_$DW"
         done
         unset BOLTZMANN_DIRECTION_WARPS ;;
+    ncu)
+        # Nsight Compute on one warm launch of the plain warp kernel (bench_gpu part c) and of the
+        # sensitivity kernel (part d): stall reasons, occupancy, memory traffic
+        NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+        if [ -z "$NCU" ]; then
+            echo "=== ncu: not found on this machine"
+        else
+            step ncu_plain 300 "$NCU" --set full -k regex:kernel --launch-skip 4 --launch-count 1 \
+                -o "$JOB/ncu_plain" python scripts/bench_gpu.py --parts c --backends cuda \
+                --budget 250 --row-limit 200 --no-work
+            "$NCU" --import "$JOB/ncu_plain.ncu-rep" --page details > "$JOB/ncu_plain.txt" 2>&1
+            step ncu_sens 300 "$NCU" --set full -k regex:sens_kernel --launch-skip 1 \
+                --launch-count 1 -o "$JOB/ncu_sens" python scripts/bench_gpu.py --parts d \
+                --backends cuda --budget 250 --row-limit 200 --grad-batch 4 --no-work
+            "$NCU" --import "$JOB/ncu_sens.ncu-rep" --page details > "$JOB/ncu_sens.txt" 2>&1
+        fi ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
