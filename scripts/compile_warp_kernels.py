@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 def examples(plan, n, P, table):
     """Argument values with the kernels' types (tiny shapes) for ``kernel`` and ``sens_kernel``."""
     f, i32 = np.zeros, np.int32
-    plain = [f((1, n)), f(1), f(1), f((1, 1)), f((1, P)), table, 1e-5, f(n), f(n), f(1), 1.0,
+    plain = [f((1, n)), f(1), f(1), f((1, 1)), f((1, P)), table, 1e-5, f(n), f((1, n)), f(1), 1.0,
              f((1, 1, n)), f(1), f(1, i32), f(1, i32), f(1, i32), np.int64(1), plan.sched,
              plan.sched_f]
     sens = [f((1, n)), f(1), f(1), f((1, 1)), f((1, P)), table, f((1, 1, n)), f((1, 1, P)),
