@@ -370,3 +370,38 @@ def test_emulated_direction_warps_share_one_step_sequence(eb_small):
         a, b = one.dys[d][..., ctrl], two.dys[d][..., ctrl]
         assert np.abs(a - b).max() <= 100 * EB_RTOL * np.abs(a).max()
     assert np.abs(two.ys - one.ys)[..., ctrl].max() <= 100 * EB_RTOL * np.abs(one.ys).max()
+
+
+def test_direction_groups_padding_and_settings():
+    """How directions are grouped into blocks (the fewest blocks of at most ``most`` warps,
+    spread evenly), the host's zero padding and its removal, and the settings that cap the
+    warps: a bad value names what to give."""
+    from boltzmann import runtime
+    from solver.backends.cuda.inputs import direction_warps, pad_directions, trim_directions
+
+    assert [direction_warps(m, 4) for m in (1, 2, 3, 4, 5, 7, 8, 9, 10)] == \
+        [1, 2, 3, 4, 3, 4, 4, 3, 4]
+    assert direction_warps(8, 1) == 1
+    with pytest.raises(ValueError, match="at least 1"):
+        direction_warps(3, 0)
+    N, n, P = 2, 5, 3
+    inp = {"m": 3, "N": N, "s0": np.ones((3, N, n)), "dparams": np.ones((3, N, P)),
+           "dargs": np.ones((3, 4, 2)), "y0": np.zeros((N, n))}
+    pad = pad_directions(inp, 2)
+    assert pad["m"] == 4 and pad["s0"].shape == (4, N, n) and pad["dargs"].shape == (4, 4, 2)
+    assert np.all(pad["s0"][3] == 0) and np.all(pad["dparams"][3] == 0) and \
+        np.all(pad["dargs"][3] == 0) and np.all(pad["s0"][:3] == 1)
+    shared = dict(inp, dargs=np.zeros((1, 4, 2)))    # one zero table for every direction
+    assert pad_directions(shared, 2)["dargs"].shape == (1, 4, 2)
+    assert pad_directions(inp, 3) is inp
+    out = {"ys": np.zeros((N, 1, n)), "dys": np.zeros((4, N, 1, n)), "status": np.zeros((4, N))}
+    cut = trim_directions(out, 3)
+    assert cut["dys"].shape[0] == 3 and cut["status"].shape == (3, N) and cut["ys"] is out["ys"]
+    env = runtime.Settings.from_environment
+    assert env({}).direction_warps is None
+    assert env({"BOLTZMANN_DIRECTION_WARPS": "2"}).direction_warps == 2
+    with pytest.raises(ValueError, match="positive integer"):
+        env({"BOLTZMANN_DIRECTION_WARPS": "0"})
+    with pytest.raises(ValueError, match="direction_warps"):
+        CudaBackend(direction_warps=0)
+    assert CudaBackend(direction_warps=2).direction_warps == 2
