@@ -123,8 +123,7 @@ def _head(w: Writer):
         # (P0) also carries the state y, its factorisation and its stage solves
         w(1, "Lb = U64(cuda.threadIdx.x)", f"L = Lb % U64({s.lanes})",
           f"Wp = Lb // U64({s.lanes})", f"nw = U64(cuda.blockDim.x) // U64({s.lanes})",
-          "P0 = Wp == U64(0)", f"so = Wp * U64({n1})", f"go = Wp * U64({4 * M})",
-          f"gso = Wp * U64({2 * M})", f"ro = Wp * U64({s.lanes})")
+          "P0 = Wp == U64(0)", f"NWU = U64({NW})")
     else:
         w(0, "def kernel(" + ", ".join(WARP_KERNEL_ARGS) + "):")
         w(1, "L = U64(cuda.threadIdx.x)")
@@ -192,7 +191,7 @@ def _eval_stage_monomials(w: Writer, d: int, t: str):
     w(d, f"tv = table_values({t}, p, args)")
     if w.sens:
         w(d, f"dtvt = table_values({t}, p, da)",
-          f"mono_th_eval({t}, p, tv, dp, dtvt, sh_gs, gso)")
+          f"mono_th_eval({t}, p, tv, dp, dtvt, sh_gs, Wp, NWU)")
     else:
         w(d, f"mono_eval({t}, p, tv, sh_gs)")
 
@@ -263,7 +262,7 @@ def _step_start(w: Writer, nm: _Names):
       "        tv = table_values(t, p, args)", "        dtv = table_values_dt(t, p, args)")
     if sens:
         w(2, "    dtvt = table_values(t, p, da)", "    ddtvt = table_values_dt(t, p, da)",
-          "    mono_all_eval(t, p, tv, dp, dtvt, dtv, ddtvt, sh_g, go)")
+          "    mono_all_eval(t, p, tv, dp, dtvt, dtv, ddtvt, sh_g, Wp, NWU)")
     else:
         w(2, "    mono_dt_eval(t, p, tv, dtv, sh_g)")
 

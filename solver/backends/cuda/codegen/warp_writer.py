@@ -15,10 +15,10 @@ __all__ = ["SYNC", "BSYNC", "Writer", "field", "real_field"]
 SYNC = "cuda.syncwarp()"
 BSYNC = "cuda.syncthreads()"
 
-#: the sensitivity kernel's shared arrays of which every warp (direction) has its own part, and
-#: the variable holding that warp's offset into them
-_PER_WARP = {"sh_s": "so", "sh_si": "so", "sh_xs": "so", "sh_g": "go", "sh_gs": "gso",
-             "sh_r": "ro"}
+#: the sensitivity kernel's shared arrays of which every warp (direction) has its own part,
+#: interleaved: element j of warp w at j * dir_warps + w, so one register (the warp's index Wp)
+#: addresses all of them
+_PER_WARP = frozenset({"sh_s", "sh_si", "sh_xs", "sh_g", "sh_gs", "sh_r"})
 
 
 def field(off: int) -> str:
@@ -39,12 +39,11 @@ class Writer:
         self.lines: list[str] = []
 
     def ix(self, array: str, index: str) -> str:
-        """``array[index]``; in the sensitivity kernel a per-warp array's index is offset to the
-        warp's own part."""
-        off = _PER_WARP.get(array) if self.sens else None
-        if not off:
+        """``array[index]``; in the sensitivity kernel a per-warp array's element of the warp."""
+        if not (self.sens and array in _PER_WARP):
             return f"{array}[{index}]"
-        return f"{array}[{off} + ({index})]" if " " in index else f"{array}[{off} + {index}]"
+        index = f"({index})" if " " in index else index
+        return f"{array}[{index} * U64({self.s.dir_warps}) + Wp]"
 
     def primal(self, lines: list[str]) -> list[str]:
         """``lines`` about the trajectory's state y: in the sensitivity kernel only its primal
