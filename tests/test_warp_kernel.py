@@ -303,12 +303,10 @@ def test_ffi_packs_the_lane_table_after_the_tables(eb_small):
     assert dump[0] == pos - 1 and dump[pos - 1 - 10] == N   # n_traj just before the tables
 
 
-def test_emulated_warp_sensitivities_equal_the_thread_kernel(eb_small):
-    """The warp sensitivity kernel (one warp per (trajectory, direction); J_θ from the monomials'
-    directional derivatives, W's one LU for both blocks) against the thread sensitivity kernel
-    (Enzyme's jvp / jvp(jvp), emulated by jax.jvp): the same steps, tangents to rounding, for a
-    direction with a tangent table, a parameter tangent and an initial tangent, and one along k."""
-    from solver.backends.cuda.emulation import sensitivity_emulated
+def _two_modes_and_directions(eb_small, m):
+    """Two modes of the small EB setup and the sensitivity solve's keywords for m (2 or 3)
+    directions: a combined one (tangent table, parameter, initial state), one along k, and a
+    half of the first's initial tangent alone."""
     from test_cuda_sensitivity import _eb_direction
 
     k, model, table, params, x0, y0, w = eb_small
@@ -318,9 +316,21 @@ def test_emulated_warp_sensitivities_equal_the_thread_kernel(eb_small):
     dtab, dp, dy0 = _eb_direction(model, table, params, y0)
     dk = np.zeros_like(dp)
     dk[:, 0] = 0.01 * params[:, 0]
-    kw = dict(s0=np.stack([dy0, 0 * dy0]), dparams=np.stack([dp, dk]),
-              dargs=np.stack([dtab, 0 * dtab]), args=table, t0=x0, rtol=EB_RTOL, atol=EB_ATOL,
-              error_weights=w)
+    kw = dict(s0=np.stack([dy0, 0 * dy0, 0.5 * dy0])[:m], dparams=np.stack([dp, dk, 0 * dp])[:m],
+              dargs=np.stack([dtab, 0 * dtab, 0 * dtab])[:m], args=table, t0=x0, rtol=EB_RTOL,
+              atol=EB_ATOL, error_weights=w)
+    return model, params, y0, xs, w, kw
+
+
+def test_emulated_warp_sensitivities_equal_the_thread_kernel(eb_small):
+    """The warp sensitivity kernel at one direction warp a block (a warp per (trajectory,
+    direction); J_θ from the monomials' directional derivatives, W's one LU for both blocks of
+    the joint system) against the thread sensitivity kernel
+    (Enzyme's jvp / jvp(jvp), emulated by jax.jvp): the same steps, tangents to rounding, for a
+    direction with a tangent table, a parameter tangent and an initial tangent, and one along k."""
+    from solver.backends.cuda.emulation import sensitivity_emulated
+
+    model, params, y0, xs, w, kw = _two_modes_and_directions(eb_small, 2)
     warp = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=1, **kw)
     thread = sensitivity_emulated(model.rhs, y0, xs, params, kernel_kind="thread", **kw)
     assert warp.info["kernel"] == "warp" and np.all(warp.status == Status.OK)
@@ -340,18 +350,8 @@ def test_emulated_direction_warps_share_one_step_sequence(eb_small):
     take one step sequence for both, the same bits whichever warp or lane runs first, and
     tangents within the tolerance of the one-warp blocks' (each controlled alone)."""
     from solver.backends.cuda.emulation import sensitivity_emulated
-    from test_cuda_sensitivity import _eb_direction
 
-    k, model, table, params, x0, y0, w = eb_small
-    sel = [1, 2]
-    params, x0, y0 = params[sel], x0[sel], y0[sel]
-    xs = np.linspace(x0.max(), -11.0, 3)
-    dtab, dp, dy0 = _eb_direction(model, table, params, y0)
-    dk = np.zeros_like(dp)
-    dk[:, 0] = 0.01 * params[:, 0]
-    kw = dict(s0=np.stack([dy0, 0 * dy0, 0.5 * dy0]), dparams=np.stack([dp, dk, 0 * dp]),
-              dargs=np.stack([dtab, 0 * dtab, 0 * dtab]), args=table, t0=x0, rtol=EB_RTOL,
-              atol=EB_ATOL, error_weights=w)
+    model, params, y0, xs, w, kw = _two_modes_and_directions(eb_small, 3)
     one = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=1, **kw)
     two = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=2, **kw)
     rev = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=2,
