@@ -87,6 +87,7 @@ def test_cl_jacobian_matches_finite_differences():
                    sampling=sampling)
     assert len({controlled for _, _, controlled in f._chunks}) == 1
     assert f._map.solve_directions.tolist() == [0, 1, 2]
+    assert f.direction_block == 2       # on a CPU: two directions per line-of-sight pass
     values, jac = f.jacobian()
     plain = f()
     for k in values:       # the joint solve's values against the plain solve's

@@ -69,6 +69,10 @@ __all__ = ["ClFunction", "LOG_SPECTRA"]
 LOG_SPECTRA = ("TT", "EE", "PP", "lensed_TT", "lensed_EE", "lensed_BB")
 #: the Bessel table reaches this much beyond the fiducial k_max τ0, so that τ0 may move
 X_MARGIN = 1.02
+#: tangent directions per pass of the line of sight on a CPU: each holds ≈ 1.6 GB at ℓ = 2500
+#: (docs/cmb.md, Gradients), so two keep a lensed Jacobian within a workstation's memory; an
+#: accelerator's memory holds every solved direction in one pass
+CPU_DIRECTION_BLOCK = 2
 
 
 class ClFunction:
@@ -79,7 +83,9 @@ class ClFunction:
     ``l_max``, ``spectra``, ``lensing`` (default: the config's output block, as
     ``cl_for_config``), ``sampling`` (ClSampling), ``backend`` ("jax", "cuda", "auto"),
     ``direction_block``: tangent directions per pass of the line of sight (memory against
-    passes), ``sensitivity_error_control`` (as for P(k): default the precision's
+    passes: every pass re-runs the primal line of sight, and each direction in a pass holds
+    ≈ 1.6 GB at ℓ = 2500; None: every solved direction in one pass where JAX runs on an
+    accelerator, two on a CPU), ``sensitivity_error_control`` (as for P(k): default the precision's
     ``sensitivity_error_weight``, docs/gradients.md), ``los_batch``:
     multipoles per iteration of the line of sight (None: ``line_of_sight.multipole_batch``),
     ``lensing_method``: lensing.LENSING_METHODS ("auto": the Wigner table on a GPU, passed to
@@ -88,7 +94,7 @@ class ClFunction:
 
     def __init__(self, config, *, parameters: Sequence[str] | None = None, l_max=None,
                  spectra=None, lensing=None, sampling: ClSampling = ClSampling(),
-                 backend="jax", direction_block: int = 2, max_steps: int = 200_000,
+                 backend="jax", direction_block: int | None = None, max_steps: int = 200_000,
                  sensitivity_error_control: bool | float | None = None,
                  los_batch: int | None = None, lensing_method: str = "auto"):
         require_float64()
@@ -98,9 +104,9 @@ class ClFunction:
             if spectra is None else tuple(spectra)
         self.lensing = bool(getattr(out, "lensing", False)) if lensing is None else bool(lensing)
         check_request(self.l_out, self.spectra, self.lensing)
-        if int(direction_block) < 1:
+        if direction_block is not None and int(direction_block) < 1:
             raise ValueError(f"direction_block = {direction_block}: give the number of tangent "
-                             "directions per pass of the line of sight, 1 or more")
+                             "directions per pass of the line of sight, 1 or more (or None)")
         lensing_method = resolve_method(lensing_method)
         if parameters is None:
             parameters = available_parameters(config.cosmology)
@@ -117,7 +123,10 @@ class ClFunction:
         if sensitivity_error_control is None:
             sensitivity_error_control = prec.sensitivity_error_weight
         self.sensitivity_error_control = sec_weight(sensitivity_error_control)
-        self.direction_block = int(direction_block)
+        if direction_block is None:
+            direction_block = self._map.solve_directions.size if \
+                jax.default_backend() != "cpu" else CPU_DIRECTION_BLOCK
+        self.direction_block = max(int(direction_block), 1)
         self.l_max = input_l_max(self.l_out) if self.lensing else self.l_out
         self.with_pp = "PP" in self.spectra
         self.names = tuple(n for n in ("TT", "EE", "TE", "PP") if n in self.spectra
