@@ -126,7 +126,7 @@ class ClFunction:
         if direction_block is None:
             direction_block = self._map.solve_directions.size if \
                 jax.default_backend() != "cpu" else CPU_DIRECTION_BLOCK
-        self.direction_block = max(int(direction_block), 1)
+        self.direction_block = int(direction_block)
         self.l_max = input_l_max(self.l_out) if self.lensing else self.l_out
         self.with_pp = "PP" in self.spectra
         self.names = tuple(n for n in ("TT", "EE", "TE", "PP") if n in self.spectra

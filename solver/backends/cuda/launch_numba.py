@@ -16,8 +16,8 @@ from .codegen import SENS_KERNEL_ARGS
 from .codegen.warp import WARP_SENS_KERNEL_ARGS
 from .ffi_kernel import obtain_image
 from .launch_cubin import CubinFunction, DeviceBuffer, DriverError, parameter_count
-from .inputs import (check_lookup_p, direction_warps, pad_directions, sens_call_args,
-                     sens_inputs, sens_outputs, trim_directions)
+from .inputs import (check_lookup_p, pad_directions, sens_call_args, sens_inputs, sens_outputs,
+                     trim_directions)
 from .plan import build_plan, build_sens_plan, check_plan_split
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array, table_split_of
@@ -134,8 +134,7 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     args_h = np.zeros(1) if args is None else args_array(args)
     m = inp["m"]
     if warp:   # a block per (trajectory, group of nw directions), a warp per direction
-        most = plan.spec.dir_warps
-        nw = direction_warps(m, most if dir_warps is None else min(most, dir_warps))
+        nw = plan.plain.direction_warps(m, dir_warps)
         inp = pad_directions(inp, nw)
     host = sens_outputs(inp)
     dev_in = list(sens_call_args(inp, args_h, host))

@@ -21,8 +21,7 @@ import numpy as np
 from .codegen.warp import SYNC
 from .codegen.warp_writer import BSYNC
 from .modules import load_module
-from .inputs import (direction_warps, pad_directions, plain_outputs, sens_call_args,
-                     sens_outputs, trim_directions)
+from .inputs import pad_directions, plain_outputs, sens_call_args, sens_outputs, trim_directions
 from .results import SensitivitySolution, kernel_solution
 from .tables import args_array
 
@@ -157,7 +156,7 @@ def emulate_warp_sens(plan, inp, args, lane_order="forward", module_dir=None, di
     plan's); a SensitivitySolution."""
     mod, emu = warp_emulation_module(plan, module_dir)
     m = inp["m"]
-    nw = direction_warps(m, plan.spec.dir_warps if dir_warps is None else dir_warps)
+    nw = plan.direction_warps(m, dir_warps)
     inp = pad_directions(inp, nw)
     out = sens_outputs(inp)
     call = sens_call_args(inp, args_array(args), out) + (plan.sched, plan.sched_f)

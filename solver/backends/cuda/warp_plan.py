@@ -29,6 +29,7 @@ from ...linalg.entry_terms import expand_entries
 from .codegen.warp import WarpSpec, generate_warp_source
 from .codegen.warp_entries import check_homogeneous, monomial_functions
 from .modules import load_module
+from .inputs import direction_warps
 from .tables import table_split_of
 from .warp_schedule import build_warp_schedule
 
@@ -141,6 +142,12 @@ class WarpPlan:
 
     def blocks(self, n_traj: int) -> int:
         return int(n_traj)
+
+    def direction_warps(self, m: int, cap: int | None = None) -> int:
+        """Direction warps per block of the sensitivity kernel for ``m`` directions: at most the
+        text's ``dir_warps`` (its interleaved shared arrays hold no more), at most ``cap``."""
+        most = self.spec.dir_warps if cap is None else min(self.spec.dir_warps, int(cap))
+        return direction_warps(m, most)
 
     def jacobian(self, y, t, params, args):
         """(f, J in slot layout, df/dt) at points (N, n) through the warp device code on the GPU
