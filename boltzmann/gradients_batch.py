@@ -28,6 +28,7 @@ import numpy as np
 
 from solver.backends.registry import resolve_backend
 
+from . import modes
 from .params import ConfigError
 from .perturbations import (N_CHUNKS_JAX, mode_inputs, solve_modes, solve_modes_with_tangents,
                             transfers_of_states)
@@ -69,10 +70,11 @@ class PowerSpectrumBatch:
         k = np.broadcast_to(fn.k_solve, (C, K)).copy()
         x0 = np.tile(np.asarray(fn.x0, np.float64), C)
         # sorted by k across cosmologies: neighbouring trajectories take similar step counts
-        order = np.argsort(k.reshape(-1), kind="stable")
+        on_jax = resolve_backend(fn.backend).name == "jax"
+        order = modes.solve_order(k, not on_jax)
         n_chunks = self._n_chunks
         if n_chunks is None:
-            n_chunks = N_CHUNKS_JAX if resolve_backend(fn.backend).name == "jax" else 1
+            n_chunks = N_CHUNKS_JAX if on_jax else 1
         n_chunks = max(1, min(int(n_chunks), order.size))
         size = int(math.ceil(order.size / n_chunks))
         chunks = [order[i:i + size] for i in range(0, order.size, size)]

@@ -232,6 +232,18 @@ def save_times(zs) -> tuple[np.ndarray, list[int]]:
     return x_save, [int(np.argmin(np.abs(z_of_col - z))) for z in zs]
 
 
+def solve_order(k, one_launch: bool) -> np.ndarray:
+    """Indices of the modes (``k`` flattened over cosmologies) in the order a solve takes them.
+
+    By k, then cosmology, so that neighbouring trajectories take similar step counts: the JAX
+    backend's chunks and ``perturbations.chunk_groups`` rely on ascending k. For one GPU launch
+    (``one_launch``) the order is reversed: the GPU starts blocks about in index order and the
+    high-k modes take the most steps, so starting them first leaves the short ones to fill the
+    last wave (longest processing time first) instead of ending on a wave of the longest."""
+    order = np.argsort(np.asarray(k, np.float64).reshape(-1), kind="stable")
+    return order[::-1].copy() if one_launch else order
+
+
 def check_start_times(x0, grid: Grid, x_save, precision) -> None:
     """Raise ValueError when a mode would start before the tables or after a save time."""
     x0 = np.asarray(x0)

@@ -131,7 +131,7 @@ def compute_perturbations(tables, cosmos, k, z, precision, model, *, k_h=None, b
     grid = tables.grid
     x_save, z_cols = modes.save_times(zs)
     rows_all = np.asarray(modes.mode_rows(model, cosmos, k, grid))
-    order = np.argsort(k.reshape(-1), kind="stable")  # by k, then cosmology
+    order = modes.solve_order(k, resolve_backend(backend).name == "cuda")
     rows = rows_all[order]
     x0, y0 = modes.initial_states(model, rows, precision.k_tau_ini, precision.omega_tau_ini)
     modes.check_start_times(x0, grid, x_save, precision)

@@ -17,9 +17,12 @@ share, steps per mode, and the largest relative P(k) difference between the two.
     python scripts/bench_jacobian_kinds.py --backend jax --cosmologies 1 --k-per-decade 4  # CPU
     python scripts/bench_jacobian_kinds.py --backend cuda --variants bw=1,bw=0.1 --out DIR
     python scripts/bench_jacobian_kinds.py --backend cuda --variants warp,thread --out DIR
+    python scripts/bench_jacobian_kinds.py --backend cuda --variants direct,ascending --out DIR
 
 A variant ``bw=W`` is the model as it is ("direct") solved with ``baryon_error_weight`` = W;
-``warp`` and ``thread`` are the model as it is on ``CudaBackend(kernel="warp" | "thread")``
+``ascending`` is the model as it is with its modes launched in ascending k (the longest last;
+the code launches the highest k first, ``modes.solve_order``); ``warp`` and ``thread`` are the
+model as it is on ``CudaBackend(kernel="warp" | "thread")``
 (``direct`` and the other variants use the backend's default, the warp kernel for this model).
 """
 from __future__ import annotations
@@ -93,8 +96,22 @@ def kernel_stages(rolled: bool):
         cuda_plan.build_spec = build
 
 
+@contextlib.contextmanager
+def ascending_launch():
+    """Modes launched in ascending k, the longest last (``modes.solve_order``'s chunk order; the
+    code's one launch takes the highest k first)."""
+    order = modes.solve_order
+    modes.solve_order = lambda k, one_launch: order(k, False)
+    try:
+        yield
+    finally:
+        modes.solve_order = order
+
+
 def _stages(kind):
-    return kernel_stages(False) if kind == "unrolled" else contextlib.nullcontext()
+    if kind == "unrolled":
+        return kernel_stages(False)
+    return ascending_launch() if kind == "ascending" else contextlib.nullcontext()
 
 
 def with_baryon_weight(cfg, variant: str):
@@ -132,6 +149,7 @@ def main(argv=None):
                     help="override the config's k sampling (a quick CPU run)")
     ap.add_argument("--variants", default="direct,colored",
                     help="comma-separated: direct, colored, unrolled (CUDA: stages unrolled), "
+                         "ascending (direct, modes launched lowest k first), "
                          "bw=W (direct with baryon_error_weight W)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -145,7 +163,7 @@ def main(argv=None):
     base = modes.model_for(cfg.cosmology, cfg.precision)
     known = {"direct": lambda: base, "colored": lambda: colored(base),
              "unrolled": lambda: distinct(base), "warp": lambda: base,
-             "thread": lambda: distinct(base)}
+             "thread": lambda: distinct(base), "ascending": lambda: base}
     variants = args.variants.split(",")
     bad = [v for v in variants if v not in known and not v.startswith("bw=")]
     if bad:

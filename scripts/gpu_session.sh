@@ -11,6 +11,8 @@
 #   ncu        Nsight Compute (if the machine has it) on one warm launch of the plain warp
 #              kernel and of the sensitivity kernel: $JOB/ncu_plain.txt, ncu_sens.txt
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
+#   order      one P(k) and 256 cosmologies with the modes launched highest k first (the code's)
+#              against lowest k first, side by side (bench_jacobian_kinds direct,ascending)
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
 #   first_run_1t   the main job's first and second process with that pool
 #   d_1t       bench_gpu part d with that pool (hostpool_more is first_run_1t, then d_1t)
@@ -121,6 +123,9 @@ for s in ${STEPS:-cb d first_run profile}; do
                 --backends cuda --budget 250 --row-limit 200 --grad-batch 4 --no-work
             "$NCU" --import "$JOB/ncu_sens.ncu-rep" --page details > "$JOB/ncu_sens.txt" 2>&1
         fi ;;
+    order)
+        step order 420 python scripts/bench_jacobian_kinds.py --backend cuda \
+            --variants direct,ascending --cosmologies 1 256 --repeats 3 --out "$JOB/order" ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;

@@ -296,6 +296,45 @@ def test_cuda_args_need_table_split():
               backend="cuda")
 
 
+class _OrderSplit:
+    """A table split computing the RHS's first component c (y0 − y1) as c y0 − c y1 (``wrong``:
+    off by a relative 1e-6)."""
+    n_tv = 1
+    lookup = lookup_dt_device = core = staticmethod(print)
+
+    def __init__(self, wrong: float = 0.0):
+        self.wrong = wrong
+
+    @staticmethod
+    def lookup_device(t, p, args):
+        return (float(args[0]),)
+
+    def core_device(self, y, t, p, tv):
+        c = tv[0]
+        return ((c * y[0] - c * y[1]) * (1.0 + self.wrong), y[0])
+
+
+def _cancelling_rhs(y, t, p, args):
+    return jnp.stack([args[0] * (y[0] - y[1]), y[0]])
+
+
+def test_split_check_allows_rounding_of_cancelling_terms_only():
+    """The once-a-plan check that rhs.table_split reproduces the RHS: a component that is a small
+    difference of large terms (here 1e9 (y0 − y1), 3 against terms of 1e9) may differ by its
+    terms' rounding, far above 1e-10 of the largest component; a split that is wrong by a
+    relative 1e-6 there is still refused."""
+    from solver.backends.cuda.tables import check_split
+
+    y, p, args = np.array([1.0 + 3.1e-9, 1.0]), np.zeros(1), np.array([1e9 + 0.123])
+    ref = np.asarray(_cancelling_rhs(y, 0.0, p, args))
+    got = np.asarray(_OrderSplit().core_device(y, 0.0, p, (args[0],)))
+    # the two orders round differently, by more than the plain bound 1e-10 of the largest
+    assert abs(got[0] - ref[0]) > 1e-10 * np.abs(ref).max()
+    check_split(_cancelling_rhs, _OrderSplit(), y, 0.0, p, args)
+    with pytest.raises(ValueError, match="does not reproduce"):
+        check_split(_cancelling_rhs, _OrderSplit(wrong=1e-6), y, 0.0, p, args)
+
+
 def test_cuda_import_is_lazy():
     """Importing the backend needs neither numba-cuda-mlir nor numba-enzyme-cuda."""
     import solver.backends.cuda.backend  # noqa: F401

@@ -75,7 +75,8 @@ def test_ensemble_of_one_is_the_single_run_bit_for_bit(runs):
 
 def test_cuda_kernel_logic_with_stacked_tables(runs):
     """The CUDA kernel's text, run by the CPU emulator, on the same launch (two cosmologies'
-    tables, rows pointing at them): P(k) equal to the JAX backend's to rounding."""
+    tables, rows pointing at them; the modes in the one launch's order, highest k first): P(k)
+    equal to the JAX backend's to rounding."""
     from solver import CudaBackend
 
     cfg, cosmos, ens, _ = runs
@@ -164,3 +165,13 @@ def test_chunk_groups_deal_every_chunk_once_and_balance_by_k():
     assert {int(g[0, 0]) for g in groups if 78 in g[:, 0]} == {0}
     assert len(chunk_groups(chunks[:3], 2)) == 1          # three chunks do not split in two
     assert len(chunk_groups(chunks, 1)) == 1
+
+
+def test_solve_order_longest_first_in_one_launch():
+    """Ascending k (ties by cosmology) for chunked solves; one GPU launch takes the reverse, the
+    high-k modes (the most steps) first."""
+    from boltzmann import modes
+
+    k = np.array([[0.1, 1.0, 0.01], [0.1, 2.0, 0.01]])
+    np.testing.assert_array_equal(modes.solve_order(k, False), [2, 5, 0, 3, 1, 4])
+    np.testing.assert_array_equal(modes.solve_order(k, True), [4, 1, 3, 0, 5, 2])
