@@ -608,3 +608,29 @@ def test_cli_writes_cl_csv_when_computed(tmp_path):
     spectra = ClSpectra(ell=ell, cl={"TT": np.ones(ell.size)})
     written = cli._write_cl(SimpleNamespace(cl=spectra), tmp_path, ["c"])
     assert written == [tmp_path / output.CL_FILE] and written[0].is_file()
+
+
+def test_source_chunks_cover_each_group_once_highest_k_first_on_cuda():
+    """The sources' solves with tangents: a call per group; one CUDA launch per group takes its
+    modes highest k first (several waves of blocks: the longest start first), the JAX backend's
+    chunks ascending; every mode in exactly one chunk, with its group's error control."""
+    from boltzmann.cmb.sources import CHUNK, SourcePlan
+    from solver import CudaBackend
+
+    K = CHUNK + 5
+    k = np.geomspace(1e-4, 0.5, K)
+    low = k < 0.01
+    plan = SourcePlan(k=k, n_cmb=K, x0=np.zeros(K), x=np.zeros(2), tau_fid=np.ones(2),
+                      tau0_fid=1.0, x_rec=0.0, tau_rec_fid=1.0, low=low,
+                      streaming=np.zeros((K, 2), bool))
+    for backend, descending in ((CudaBackend(launch="emulated"), True), ("jax", False)):
+        chunks = plan.chunks(backend)
+        seen = np.concatenate([idx for idx, _, _ in chunks])
+        np.testing.assert_array_equal(np.sort(seen), np.arange(K))
+        for idx, pad, controlled in chunks:
+            assert np.all(low[idx] == controlled)
+            np.testing.assert_array_equal(pad[:idx.size], idx)
+            steps = np.diff(k[idx])
+            assert np.all(steps < 0) if descending else np.all(steps > 0)
+        if descending:
+            assert len(chunks) == 2                  # a launch per group

@@ -218,13 +218,15 @@ class SourcePlan:
         """[(mode indices, the same padded to the chunk size by repeating the last, photons in
         error control)]: the calls of a solve with tangents, one group at a time (the
         sensitivity solves take one row of error weights). The JAX backend takes ``CHUNK``
-        modes a call (one compiled size); the CUDA backend a whole group a launch."""
+        modes a call (one compiled size); the CUDA backend a whole group a launch, highest k
+        first (a mode's directions are several blocks, so a group is several waves of the GPU:
+        ``modes.solve_order``)."""
         one_launch = resolve_backend(backend).name == "cuda"
         out = []
         for group, controlled in self.groups():
             size = max(group.size, 1) if one_launch else CHUNK
             for c in range(0, group.size, size):
-                idx = group[c:c + size]
+                idx = group[c:c + size][::-1] if one_launch else group[c:c + size]
                 out.append((idx, np.concatenate([idx, np.full(size - idx.size, idx[-1])]),
                             controlled))
         return out
