@@ -33,7 +33,7 @@ def examples(plan, n, P, table):
              f((1, 1, n)), f(1), f(1, i32), f(1, i32), f(1, i32), np.int64(1), plan.sched,
              plan.sched_f]
     sens = [f((1, n)), f(1), f(1), f((1, 1)), f((1, P)), table, f((1, 1, n)), f((1, 1, P)),
-            f((1,) + table.shape), 1e-5, f(n), f(n), f(n), f(n), f(1), 1.0, f((1, 1, n)),
+            f((1,) + table.shape), 1e-5, f(n), f(n), f((1, n)), f((1, n)), f(1), 1.0, f((1, 1, n)),
             f((1, 1, 1, n)), f((1, 1)), f((1, 1), i32), f((1, 1), i32), f((1, 1), i32),
             np.int64(1), np.int64(1), plan.sched, plan.sched_f]
     return {"kernel": plain, "sens_kernel": sens}

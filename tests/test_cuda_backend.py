@@ -108,9 +108,7 @@ def test_emulated_stage_forms_agree(monkeypatch, rolled):
 
 def test_emulated_thread_kernel_per_trajectory_weights():
     """The thread kernel reads its trajectory's row of (N, n) error weights: the JAX backend's
-    steps and statuses, values within the tolerance; the sensitivity solves refuse rows."""
-    from solver import solve_diff
-
+    steps and statuses, values within the tolerance."""
     prob, ts, rtol, atol = CASES["robertson"]
     y0, params = _ensemble(prob, 3)
     rows = np.array([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
@@ -120,9 +118,38 @@ def test_emulated_thread_kernel_per_trajectory_weights():
     np.testing.assert_array_equal(b.n_accepted, np.asarray(a.n_accepted))
     _compare(a, b, rtol, atol, bound=1e-2)
     assert len(set(np.asarray(a.n_accepted).tolist())) > 1    # the rows change the steps
-    with pytest.raises(ValueError, match="per-trajectory weights are taken by solve"):
-        solve_diff(prob.rhs, jnp.asarray(y0), ts, jnp.asarray(params), rtol=rtol, atol=atol,
-                   error_weights=rows)
+
+
+def test_sensitivity_solves_take_a_row_of_weights_per_trajectory():
+    """Per-trajectory error weights (N, n) in a joint solve: each trajectory (and its
+    directions) takes the steps of a solve of it alone with its row as the shared weights, on
+    the JAX backend and in the emulated thread sensitivity kernel; a row of the wrong count is
+    refused."""
+    from solver import joint_solve
+
+    prob, ts, rtol, atol = CASES["robertson"]
+    y0, params = _ensemble(prob, 3)
+    rows = np.array([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    dp = np.stack([np.eye(3)[d] * params for d in range(2)])        # (m, N, P)
+    tol = dict(rtol=rtol, atol=atol, sensitivity_error_control=0.5)
+    for backend in ("jax", EMULATED):
+        ys, dys, info = joint_solve(prob.rhs, y0, ts, params, dparams=dp, error_weights=rows,
+                                    backend=backend, **tol)
+        steps = np.asarray(info["n_accepted"])
+        assert len(set(steps.tolist())) > 1                         # the rows change the steps
+        for i in range(3):
+            ys_i, dys_i, info_i = joint_solve(prob.rhs, y0[i:i + 1], ts, params[i:i + 1],
+                                              dparams=dp[:, i:i + 1], error_weights=rows[i],
+                                              backend=backend, **tol)
+            # the same steps; the values to rounding (a batch of three and a batch of one
+            # compile to different XLA fusions), far below the tolerance a different step
+            # sequence would show
+            assert int(np.asarray(info_i["n_accepted"])[0]) == steps[i]
+            for got, ref in ((np.asarray(dys)[:, i], np.asarray(dys_i)[:, 0]),
+                             (np.asarray(ys)[i], np.asarray(ys_i)[0])):
+                np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+    with pytest.raises(ValueError, match=r"error_weights must be .* shape \(3,\) or \(3, 3\)"):
+        joint_solve(prob.rhs, y0, ts, params, dparams=dp, error_weights=rows[:2], **tol)
 
 
 @pytest.mark.parametrize("max_steps", [100_000, 30])

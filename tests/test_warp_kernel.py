@@ -372,6 +372,30 @@ def test_emulated_direction_warps_share_one_step_sequence(eb_small):
     assert np.abs(two.ys - one.ys)[..., ctrl].max() <= 100 * EB_RTOL * np.abs(one.ys).max()
 
 
+def test_emulated_direction_blocks_take_their_trajectory_s_row_of_weights(eb_small):
+    """Per-trajectory error weights (N, n) in the warp sensitivity kernel: each mode's block of
+    direction warps takes the steps its row gives as the shared weights of a launch of that mode
+    alone (the rows here: the model's, and the same with the baryons out of the norm)."""
+    from solver.backends.cuda.emulation import sensitivity_emulated
+
+    model, params, y0, xs, w, kw = _two_modes_and_directions(eb_small, 2)
+    loose = w.copy()
+    loose[[model.index("delta_b"), model.index("theta_b")]] = 0.0
+    rows = np.stack([w, loose])
+    both = sensitivity_emulated(model.rhs, y0, xs, params, lanes=8, dir_warps=2,
+                                **(kw | {"error_weights": rows}))
+    assert np.all(both.status == Status.OK)
+    for i in range(2):
+        alone = sensitivity_emulated(
+            model.rhs, y0[i:i + 1], xs, params[i:i + 1], lanes=8, dir_warps=2,
+            **(kw | {"error_weights": rows[i], "t0": kw["t0"][i:i + 1],
+                     "s0": kw["s0"][:, i:i + 1], "dparams": kw["dparams"][:, i:i + 1]}))
+        np.testing.assert_array_equal(both.n_accepted[:, i], alone.n_accepted[:, 0])
+        ref = alone.dys[:, 0]
+        assert np.abs(both.dys[:, i] - ref).max() <= 1e-9 * np.abs(ref).max()
+    assert both.n_accepted[0, 0] != both.n_accepted[0, 1]      # the rows change the steps
+
+
 def test_direction_groups_padding_and_settings():
     """How directions are grouped into blocks (the fewest blocks of at most ``most`` warps,
     spread evenly), the host's zero padding and its removal, and the settings that cap the

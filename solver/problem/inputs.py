@@ -67,8 +67,8 @@ def check_options(n: int, rtol, atol, error_weights, max_steps, *,
     (n,) or (N, n).
 
     ``n_traj``: the number of trajectories where the caller takes per-trajectory weights too --
-    ``error_weights`` may then be (N, n), one row per trajectory (``solve``; the sensitivity
-    solves take one row for all)."""
+    ``error_weights`` may then be (N, n), one row per trajectory (``solve`` and the sensitivity
+    solves, which give a trajectory's directions its row)."""
     if not (0 < rtol < 1):
         raise ValueError(f"rtol must be in (0, 1), got {rtol}")
     atol_a = np.broadcast_to(np.asarray(atol, np.float64), (n,)).copy() \
@@ -83,10 +83,7 @@ def check_options(n: int, rtol, atol, error_weights, max_steps, *,
         if w.shape not in shapes or np.any(w < 0) or not np.all(np.isfinite(w)):
             allowed = " or ".join(str(x) for x in shapes)
             raise ValueError(f"error_weights must be a finite non-negative array of shape "
-                             f"{allowed}, got shape {w.shape}"
-                             + ("" if n_traj is not None or w.ndim < 2 else
-                                " (per-trajectory weights are taken by solve(), not by the "
-                                "sensitivity solves)"))
+                             f"{allowed}, got shape {w.shape}")
         if not np.all(np.any(w > 0, axis=-1)):
             raise ValueError("error_weights: at least one component must have a positive weight"
                              + (" in every row" if w.ndim == 2 else ""))

@@ -30,12 +30,15 @@ class CudaSensitivityUnavailable(CudaBackendUnavailable, ValueError):
     also a ValueError, as callers that only know the JAX backend catch bad ``backend`` values."""
 
 
-def _spec(rhs, n, P, args, rtol, atol, error_weights, sens_atol, sec, max_steps, kw):
+def _spec(rhs, n, P, args, rtol, atol, error_weights, sens_atol, sec, max_steps, kw,
+          n_traj=None):
+    """The spec of these settings (cached); ``n_traj``: the trajectories of the call, which
+    per-trajectory error weights (n_traj, n) need (None: one row (n,) only)."""
     unknown = set(kw) - set(SOLVE_KWARGS)
     if unknown:
         raise TypeError(f"solve_diff got unexpected keyword arguments {sorted(unknown)}")
     backend = resolve_backend(kw.get("backend", "jax"))
-    atol_a, w = check_options(n, rtol, atol, error_weights, max_steps)
+    atol_a, w = check_options(n, rtol, atol, error_weights, max_steps, n_traj=n_traj)
     sa = atol_a if sens_atol is None else np.broadcast_to(
         np.asarray(sens_atol, np.float64), (n,)).copy()
     if np.any(sa <= 0):
@@ -76,5 +79,5 @@ def prepare(rhs, y0, t_save, params, args, rtol, atol, t0, t_end, error_weights,
     require_x64("solve_diff / joint_solve")
     v = validate_traceable(y0, t_save, params, t0, t_end)
     spec = _spec(rhs, v.y0.shape[1], v.params.shape[1], args, rtol, atol, error_weights,
-                 sensitivity_atol, sec, max_steps, kw)
+                 sensitivity_atol, sec, max_steps, kw, v.y0.shape[0])
     return spec, v.y0, v.params, v.t_save, v.t0, v.t_end

@@ -45,11 +45,9 @@ def sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol, s
     """Validated kernel inputs: the plain solve's (:func:`prepare`) plus the tangents.
 
     s0 (m, N, n), dparams (m, N, P), dargs (m, *args.shape): any may be None (zero), at least
-    one gives m.  dparams is padded like params (P = 0 -> one dummy column); without a
+    one gives m.  ``error_weights`` (n,) or (N, n): a trajectory's directions take its row.
+    dparams is padded like params (P = 0 -> one dummy column); without a
     differentiated table the kernel gets ONE all-zero tangent table (not m copies)."""
-    if np.ndim(error_weights) == 2:
-        raise ValueError("error_weights: the sensitivity solves take one row of shape (n,) for "
-                         "every trajectory, not per-trajectory weights")
     inp = prepare(y0, t_save, params, rtol, atol, t0, t_end, error_weights, max_steps,
                   first_step)
     N, n, P = inp["N"], inp["n"], inp["P"]
@@ -87,7 +85,7 @@ def sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol, s
         np.broadcast_to(np.asarray(sens_atol, np.float64), (n,)))
     if np.any(atol_s <= 0):
         raise ValueError("sensitivity_atol must be positive")
-    w = inp["weights"][0]          # the sensitivity kernels take one row (n,)
+    w = inp["weights"]      # (1, n) for every trajectory or (N, n), as the plain kernel's
     inp.update(s0=np.ascontiguousarray(s0), dparams=np.ascontiguousarray(dp),
                dargs=np.ascontiguousarray(da), atol_s=np.ascontiguousarray(atol_s, np.float64),
                weights=np.ascontiguousarray(w),

@@ -281,7 +281,9 @@ def joint_run(spec, mask, y0, params, args_leaves, ts, t0, te, dy0, dp, dargs, s
     q = jnp.concatenate([params, dq], axis=1)
     A = (tuple(args_leaves), tuple(jnp.asarray(d, jnp.float64) for d in dargs))
     # the sensitivity blocks at the weight sec
-    w = np.concatenate([spec.weights] + [spec.weights * spec.sec] * m) * _block_scale(spec, m)
+    # (n,) shared or (N, n) a row per trajectory, its directions' blocks beside it
+    w = np.concatenate([spec.weights] + [spec.weights * spec.sec] * m, axis=-1) * \
+        _block_scale(spec, m)
     atol = np.concatenate([spec.atol] + [spec.sens_atol] * m)
     res = plan.run(z0, t0, te, ts, q, A, jnp.float64(spec.rtol), jnp.asarray(atol),
                    jnp.asarray(w), h0(spec, N))

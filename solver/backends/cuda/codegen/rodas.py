@@ -43,12 +43,11 @@ def _emit_kernel_head(spec: KernelSpec, nm: _Names) -> list[str]:
              "    i = cuda.grid(1)",
              "    if i >= n_traj:",
              "        return"]
-    # the error weights: the plain kernel's one row for every trajectory or a row each (N, n);
-    # the sensitivity kernel's one row (n,) for every trajectory and direction
+    # the error weights: one row (1, n) for every trajectory or a row each (N, n), which the
+    # sensitivity kernel's directions of a trajectory share
+    L += ["    wt = weights[i if weights.shape[0] > 1 else 0]"]
     if nm.sens:
-        L += ["    wt = weights", "    wt_s = weights_s"]
-    else:
-        L += ["    wt = weights[i if weights.shape[0] > 1 else 0]"]
+        L += ["    wt_s = weights_s[i if weights_s.shape[0] > 1 else 0]"]
     L += [f"    y = cuda.local.array({n}, F64)",
           f"    y1 = cuda.local.array({n}, F64)",
           f"    yi = cuda.local.array({n}, F64)",

@@ -143,8 +143,10 @@ def _head(w: Writer):
           "if gb >= n_traj * ng:", "    return", "i = gb // ng",
           f"d = (gb - i * ng) * nwi + cuda.threadIdx.x // {s.lanes}",
           "da = dargs[d if dargs.shape[0] == n_dir else 0]",
-          # the error weights: one row (n,) for every trajectory and direction
-          "wt = weights", "wt_s = weights_s")
+          # the error weights: one row (1, n) for every trajectory or a row each (N, n),
+          # which the trajectory's directions share
+          "wt = weights[i if weights.shape[0] > 1 else 0]",
+          "wt_s = weights_s[i if weights_s.shape[0] > 1 else 0]")
     else:
         w(1, "i = cuda.blockIdx.x", "if i >= n_traj:", "    return",
           # the error weights: one row for every trajectory (1, n), or a row each (N, n)
