@@ -610,10 +610,12 @@ def test_cli_writes_cl_csv_when_computed(tmp_path):
     assert written == [tmp_path / output.CL_FILE] and written[0].is_file()
 
 
-def test_source_chunks_cover_each_group_once_highest_k_first_on_cuda():
-    """The sources' solves with tangents: a call per group; one CUDA launch per group takes its
-    modes highest k first (several waves of blocks: the longest start first), the JAX backend's
-    chunks ascending; every mode in exactly one chunk, with its group's error control."""
+def test_source_chunks_one_cuda_launch_with_rows_jax_chunks_per_group():
+    """The sources' solves with tangents: one CUDA launch of every mode, highest k first
+    (several waves of direction blocks: the longest start first), each mode with its group's
+    row of error weights; on the JAX backend ascending chunks of one group each. Every mode in
+    exactly one chunk."""
+    from boltzmann import modes
     from boltzmann.cmb.sources import CHUNK, SourcePlan
     from solver import CudaBackend
 
@@ -623,14 +625,17 @@ def test_source_chunks_cover_each_group_once_highest_k_first_on_cuda():
     plan = SourcePlan(k=k, n_cmb=K, x0=np.zeros(K), x=np.zeros(2), tau_fid=np.ones(2),
                       tau0_fid=1.0, x_rec=0.0, tau_rec_fid=1.0, low=low,
                       streaming=np.zeros((K, 2), bool))
-    for backend, descending in ((CudaBackend(launch="emulated"), True), ("jax", False)):
-        chunks = plan.chunks(backend)
-        seen = np.concatenate([idx for idx, _, _ in chunks])
-        np.testing.assert_array_equal(np.sort(seen), np.arange(K))
-        for idx, pad, controlled in chunks:
-            assert np.all(low[idx] == controlled)
-            np.testing.assert_array_equal(pad[:idx.size], idx)
-            steps = np.diff(k[idx])
-            assert np.all(steps < 0) if descending else np.all(steps > 0)
-        if descending:
-            assert len(chunks) == 2                  # a launch per group
+    (idx, pad, controlled), = plan.chunks(CudaBackend(launch="emulated"))
+    assert controlled is None and np.all(np.diff(k[idx]) < 0)
+    np.testing.assert_array_equal(np.sort(idx), np.arange(K))
+    np.testing.assert_array_equal(pad, idx)
+    model = modes.model_for(load_config("lcdm").cosmology, load_config("lcdm").precision)
+    rows = plan.error_weight_rows(model)[pad]
+    photons = model.index("F_g_0")
+    assert np.all((rows[:, photons] > 0) == low[idx])
+    chunks = plan.chunks("jax")
+    np.testing.assert_array_equal(np.sort(np.concatenate([c[0] for c in chunks])), np.arange(K))
+    for idx, pad, controlled in chunks:
+        assert controlled in (True, False) and np.all(low[idx] == controlled)
+        np.testing.assert_array_equal(pad[:idx.size], idx)
+        assert pad.size == CHUNK and np.all(np.diff(k[idx]) > 0)

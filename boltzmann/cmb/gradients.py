@@ -154,7 +154,7 @@ class ClFunction:
         self._table_args = (jnp.asarray(self.bessel.j), jnp.asarray(self.bessel.dj), wigner)
         self.l_limber = min(L_LIMBER, self.l_max)
         #: the Jacobian's solver calls: (mode indices, padded to the chunk size, photons
-        #: controlled), a group at a time
+        #: controlled or None: each mode its group's row of weights)
         self._chunks = plan.chunks(backend)
         #: the value's solver calls: every mode, each with its group's error weights
         self._launches = plan.launches(backend)
@@ -167,7 +167,7 @@ class ClFunction:
         self.inputs_on_host = host_cpu() is not None
         self._jit_inputs_jvp = jax.jit(self._inputs_and_tangents)
         self._jit_sources = jax.jit(self._sources)
-        self._jit_sources_jvp = jax.jit(self._sources_jvp, static_argnames="controlled")
+        self._jit_sources_jvp = jax.jit(self._sources_jvp, static_argnames="chunk")
         self._jit_spectra = jax.jit(self._spectra)
         self._jit_spectra_jvp = jax.jit(self._spectra_jvp)
 
@@ -207,13 +207,21 @@ class ClFunction:
     def _sources(self, ys, rows, table, bg, streaming):
         return evaluate_sources(self._program, ys, self.plan.x, rows, table, bg, streaming)
 
+    def _chunk_weights(self, chunk: int) -> np.ndarray:
+        """The error weights of chunk ``chunk``'s solve: its group's row, or a row per mode."""
+        _, pad, controlled = self._chunks[chunk]
+        if controlled is None:
+            return self._weight_rows[pad]
+        return error_weights(self.model, controlled)
+
     def _sources_jvp(self, table, rows, y0, x0, bg, streaming, dtable, drows, dy0, dbg, *,
-                     controlled: bool):
-        """One chunk of modes: the joint solve and the sources' jvp, (sources, tangents (m, …))."""
+                     chunk: int):
+        """Chunk ``chunk`` of the modes: the joint solve and the sources' jvp, (sources,
+        tangents (m, …))."""
         ys, dys = solve_with_tangents(
             self.model.rhs, y0, self.plan.x, rows, dy0=dy0, dparams=drows, dargs=dtable,
             args=table, t0=x0, rtol=self.rtol, atol=self.atol,
-            error_weights=error_weights(self.model, controlled), max_steps=self.max_steps,
+            error_weights=self._chunk_weights(chunk), max_steps=self.max_steps,
             backend=self.backend, sensitivity_error_control=self.sensitivity_error_control)
 
         def tangent(dy, dr, dt, db):
@@ -346,10 +354,10 @@ class ClFunction:
             self._host_inputs(self._jit_inputs_jvp, self._theta(theta)))
         t1 = time.perf_counter()
         pieces, tangents = [], []
-        for idx, pad, controlled in self._chunks:
+        for c, (idx, pad, _) in enumerate(self._chunks):
             srcs, dsrcs = self._jit_sources_jvp(
                 table, rows[pad], y0[pad], self.plan.x0[pad], bg, self.plan.streaming[pad],
-                dtable, drows[:, pad], dy0[:, pad], dbg, controlled=controlled)
+                dtable, drows[:, pad], dy0[:, pad], dbg, chunk=c)
             pieces.append(tuple(s[:idx.size] for s in srcs))
             tangents.append(tuple(jnp.moveaxis(d[:, :idx.size], 0, 1) for d in dsrcs))
         srcs = self._scatter(pieces)

@@ -50,7 +50,7 @@ __all__ = ["SourceGrid", "SourcePlan", "compute_sources", "source_plan", "source
 #: photon states kept in error control by the modes below ``ClSampling.k_photon_control``
 PHOTON_CONTROL = ("F_g_0", "F_g_1", "F_g_2", "G_g_0", "G_g_1", "G_g_2")
 #: modes per solver call on the JAX backend (every call the same size: one compiled program);
-#: the CUDA backend solves each group of modes in one launch (a thread per mode)
+#: the CUDA backend solves every mode in one launch, each with its group's row of weights
 CHUNK = 32
 
 
@@ -216,18 +216,19 @@ class SourcePlan:
 
     def chunks(self, backend) -> list:
         """[(mode indices, the same padded to the chunk size by repeating the last, photons in
-        error control)]: the calls of a solve with tangents, one group at a time (the
-        sensitivity solves take one row of error weights). The JAX backend takes ``CHUNK``
-        modes a call (one compiled size); the CUDA backend a whole group a launch, highest k
-        first (a mode's directions are several blocks, so a group is several waves of the GPU:
-        ``modes.solve_order``)."""
-        one_launch = resolve_backend(backend).name == "cuda"
+        error control: True, False, or None for each mode its group's row)]: the calls of a
+        solve with tangents. The CUDA backend takes every mode in one launch, each with its
+        group's row of error weights, highest k first (a mode's directions are several blocks,
+        so the launch is several waves of the GPU: ``modes.solve_order``); the JAX backend one
+        group at a time, ``CHUNK`` modes a call (one compiled size, one row of weights)."""
+        if resolve_backend(backend).name == "cuda":
+            idx = modes.solve_order(self.k, True)
+            return [(idx, idx, None)]
         out = []
         for group, controlled in self.groups():
-            size = max(group.size, 1) if one_launch else CHUNK
-            for c in range(0, group.size, size):
-                idx = group[c:c + size][::-1] if one_launch else group[c:c + size]
-                out.append((idx, np.concatenate([idx, np.full(size - idx.size, idx[-1])]),
+            for c in range(0, group.size, CHUNK):
+                idx = group[c:c + CHUNK]
+                out.append((idx, np.concatenate([idx, np.full(CHUNK - idx.size, idx[-1])]),
                             controlled))
         return out
 
