@@ -19,7 +19,9 @@ share, steps per mode, and the largest relative P(k) difference between the two.
     python scripts/bench_jacobian_kinds.py --backend cuda --variants warp,thread --out DIR
     python scripts/bench_jacobian_kinds.py --backend cuda --variants direct,ascending --out DIR
 
-A variant ``bw=W`` is the model as it is ("direct") solved with ``baryon_error_weight`` = W;
+A variant ``KEY=VALUE`` is the model as it is ("direct") with the precision key KEY set to VALUE
+(``bw=W``: ``baryon_error_weight`` = W; ``ur_fluid_k_tau=30``: the massless neutrinos as a fluid
+from k τ = 30, a second launch of the smaller model);
 ``ascending`` is the model as it is with its modes launched in ascending k (the longest last;
 the code launches the highest k first, ``modes.solve_order``); ``warp`` and ``thread`` are the
 model as it is on ``CudaBackend(kernel="warp" | "thread")``
@@ -47,6 +49,7 @@ import numpy as np  # noqa: E402
 from boltzmann import modes  # noqa: E402
 from boltzmann.ensemble import fiducial_ensemble, stack_cosmologies  # noqa: E402
 from boltzmann.params import load_config  # noqa: E402
+from boltzmann.schema import PRECISION_TABLE  # noqa: E402
 from boltzmann.perturbations import compute_perturbations  # noqa: E402
 from boltzmann.runtime import Settings, backend_for, configure  # noqa: E402
 from boltzmann.spectra import compute_spectra  # noqa: E402
@@ -114,16 +117,23 @@ def _stages(kind):
     return ascending_launch() if kind == "ascending" else contextlib.nullcontext()
 
 
-def with_baryon_weight(cfg, variant: str):
-    """``cfg`` with the precision's ``baryon_error_weight`` of a ``bw=W`` variant."""
+def with_precision(cfg, variant: str):
+    """``cfg`` with the precision key of a ``KEY=VALUE`` variant (``bw``: baryon_error_weight),
+    checked against the key's range as a config file's would be."""
+    key, _, value = variant.partition("=")
+    key = {"bw": "baryon_error_weight"}.get(key, key)
+    entry = PRECISION_TABLE.get(key)
+    numeric = sorted(k for k, e in PRECISION_TABLE.items() if e.kind in ("float", "int"))
+    if key not in numeric:
+        raise SystemExit(f"--variants {variant}: {key!r} is not a numeric precision key; "
+                         f"choose from {numeric}")
     try:
-        w = float(variant.split("=", 1)[1])
+        new = float(value) if entry.kind == "float" else int(value)
     except ValueError:
-        raise SystemExit(f"--variants {variant}: expected bw=<weight between 0 and 1>") from None
-    if not 0.0 <= w <= 1.0:
-        raise SystemExit(f"--variants {variant}: the weight must lie in [0, 1]")
-    return dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision,
-                                                                  baryon_error_weight=w))
+        raise SystemExit(f"--variants {variant}: expected a {entry.kind} for {key}") from None
+    if entry.allowed is not None and new not in entry.allowed:
+        raise SystemExit(f"--variants {variant}: {key} must lie in {entry.allowed}")
+    return dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, **{key: new}))
 
 
 def run_stages(cosmologies, cfg, model, backend):
@@ -150,7 +160,8 @@ def main(argv=None):
     ap.add_argument("--variants", default="direct,colored",
                     help="comma-separated: direct, colored, unrolled (CUDA: stages unrolled), "
                          "ascending (direct, modes launched lowest k first), "
-                         "bw=W (direct with baryon_error_weight W)")
+                         "KEY=VALUE (direct with a precision key changed; bw=W: "
+                         "baryon_error_weight W)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     settings = Settings.from_environment()
@@ -165,15 +176,16 @@ def main(argv=None):
              "unrolled": lambda: distinct(base), "warp": lambda: base,
              "thread": lambda: distinct(base), "ascending": lambda: base}
     variants = args.variants.split(",")
-    bad = [v for v in variants if v not in known and not v.startswith("bw=")]
+    bad = [v for v in variants if v not in known and "=" not in v]
     if bad:
         ap.error(f"--variants: unknown {bad}; choose from {sorted(known)}")
     if {"unrolled", "warp", "thread"} & set(variants) and args.backend != "cuda":
         ap.error("--variants unrolled/warp/thread are CUDA kernel variants: use --backend cuda")
     backends = {v: backend_for(args.backend, settings, kernel=v) if v in ("warp", "thread")
                 else backend for v in variants}
-    models = {v: known[v]() if v in known else base for v in variants}
-    configs = {v: with_baryon_weight(cfg, v) if v.startswith("bw=") else cfg for v in variants}
+    models = {v: known[v]() if v in known else
+              modes.model_for(cfg.cosmology, with_precision(cfg, v).precision) for v in variants}
+    configs = {v: with_precision(cfg, v) if "=" in v else cfg for v in variants}
     machine = os.environ.get("BENCH_MACHINE", platform.node())
     date = datetime.date.today().isoformat()
     command = "python scripts/bench_jacobian_kinds.py " + " ".join(argv or sys.argv[1:])

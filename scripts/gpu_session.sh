@@ -12,7 +12,8 @@
 #              kernel and of the sensitivity kernel: $JOB/ncu_plain.txt, ncu_sens.txt
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
 #   order      one P(k) and 256 cosmologies with the modes launched highest k first (the code's)
-#              against lowest k first, side by side (bench_jacobian_kinds direct,ascending)
+#              against lowest k first, and with the massless neutrinos as a fluid from k τ = 30
+#              (a second launch of the smaller model), side by side (bench_jacobian_kinds)
 #   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
 #   first_run_1t   the main job's first and second process with that pool
 #   d_1t       bench_gpu part d with that pool (hostpool_more is first_run_1t, then d_1t)
@@ -114,18 +115,19 @@ for s in ${STEPS:-cb d first_run profile}; do
         if [ -z "$NCU" ]; then
             echo "=== ncu: not found on this machine"
         else
-            step ncu_plain 300 "$NCU" --set full -k regex:kernel --launch-skip 4 --launch-count 1 \
+            step ncu_plain 300 "$NCU" --clock-control none --set full -k regex:kernel --launch-skip 4 --launch-count 1 \
                 -o "$JOB/ncu_plain" python scripts/bench_gpu.py --parts c --backends cuda \
                 --budget 250 --row-limit 200 --no-work
             "$NCU" --import "$JOB/ncu_plain.ncu-rep" --page details > "$JOB/ncu_plain.txt" 2>&1
-            step ncu_sens 300 "$NCU" --set full -k regex:sens_kernel --launch-skip 1 \
+            step ncu_sens 300 "$NCU" --clock-control none --set full -k regex:sens_kernel --launch-skip 1 \
                 --launch-count 1 -o "$JOB/ncu_sens" python scripts/bench_gpu.py --parts d \
                 --backends cuda --budget 250 --row-limit 200 --grad-batch 4 --no-work
             "$NCU" --import "$JOB/ncu_sens.ncu-rep" --page details > "$JOB/ncu_sens.txt" 2>&1
         fi ;;
     order)
         step order 420 python scripts/bench_jacobian_kinds.py --backend cuda \
-            --variants direct,ascending --cosmologies 1 256 --repeats 3 --out "$JOB/order" ;;
+            --variants direct,ascending,ur_fluid_k_tau=30 --cosmologies 1 256 --repeats 3 \
+            --out "$JOB/order" ;;
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
