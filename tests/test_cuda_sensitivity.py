@@ -412,3 +412,29 @@ def test_cuda_power_spectrum_gradients_match_jax():
     scale = np.abs(d_jx).max(axis=0)
     err = np.abs(d_cu - d_jx).max(axis=0) / scale
     assert np.all(err <= 1e-4), dict(zip(params, err))
+
+
+def test_sensitivity_solution_marks_only_failed_trajectories_unreached():
+    """A trajectory whose directions all finished is never searched for NaN, and its arrays
+    come back as they are (no copy: the CMB sources' dys is gigabytes); a failed direction's
+    missing save times become NaN in every direction of its trajectory, and in ys."""
+    from solver.backends.cuda.results import SensitivitySolution
+
+    m, N, ns, n = 2, 3, 4, 2
+    ys, dys = np.ones((N, ns, n)), np.ones((m, N, ns, n))
+    status = np.zeros((m, N), np.int32)
+    ok = SensitivitySolution(ys, dys, status, np.ones((m, N)), status, status, "cuda", {})
+    assert not ok.unreached().any()
+    assert ok.dys_or_nan() is dys and ok.ys_or_nan() is ys
+    dys_failed = dys.copy()
+    dys_failed[1, 2, 3:] = np.nan                   # direction 1 of trajectory 2 stopped early
+    status_failed = status.copy()
+    status_failed[1, 2] = int(Status.MAX_STEPS)
+    bad = SensitivitySolution(ys, dys_failed, status_failed, np.ones((m, N)), status, status,
+                              "cuda", {})
+    expected = np.zeros((N, ns), bool)
+    expected[2, 3] = True
+    np.testing.assert_array_equal(bad.unreached(), expected)
+    assert np.all(np.isnan(bad.dys_or_nan()[:, 2, 3])) and np.isnan(bad.ys_or_nan()[2, 3]).all()
+    assert np.isfinite(bad.dys_or_nan()[:, :2]).all() and np.isfinite(bad.ys_or_nan()[2, :3]).all()
+    assert np.isfinite(ys).all()                    # the solution's own arrays untouched

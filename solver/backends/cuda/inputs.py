@@ -160,10 +160,17 @@ def plain_outputs(N: int, m: int, n: int):
             np.zeros(N, np.int32), np.zeros(N, np.int32))
 
 
-def sens_outputs(inp):
+def sens_outputs(inp, fill: bool = True):
     """Host output arrays of the sensitivity kernel, filled with values no thread writes (a
-    missing write shows)."""
+    missing write shows); ``fill=False``: ``np.empty`` arrays that only carry the shapes and
+    types (a launch whose device outputs are filled on the device: ``DeviceBuffer.unwritten``;
+    for the CMB sources' Jacobian dys is gigabytes, whose host fill and copy would cost more
+    than the kernel)."""
     N, n, m, ns = inp["N"], inp["n"], inp["m"], inp["t_save"].shape[1]
+    if not fill:
+        return dict(ys=np.empty((N, ns, n)), dys=np.empty((m, N, ns, n)),
+                    t_out=np.empty((m, N)), status=np.empty((m, N), np.int32),
+                    n_accepted=np.empty((m, N), np.int32), n_rejected=np.empty((m, N), np.int32))
     return dict(ys=np.full((N, ns, n), -12345.0), dys=np.full((m, N, ns, n), -12345.0),
                 t_out=np.zeros((m, N)), status=np.full((m, N), -7, np.int32),
                 n_accepted=np.zeros((m, N), np.int32), n_rejected=np.zeros((m, N), np.int32))

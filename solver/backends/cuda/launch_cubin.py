@@ -79,7 +79,7 @@ class DeviceBuffer:
     context (``_current_context``), freed with the object; ``copy_to_host`` reads it back.
     Carries ``__cuda_array_interface__`` (C-contiguous), which ``pack_parameters`` reads."""
 
-    def __init__(self, host):
+    def __init__(self, host, *, copy: bool = True):
         a = np.ascontiguousarray(host)
         self.shape, self.dtype, self.nbytes = a.shape, a.dtype, int(a.nbytes)
         drv = _driver()
@@ -88,20 +88,34 @@ class DeviceBuffer:
         _check(drv.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(max(self.nbytes, 1))),
                "cuMemAlloc")
         self.ptr = int(ptr.value)
-        if self.nbytes:
+        if self.nbytes and copy:
             _check(drv.cuMemcpyHtoD_v2(ctypes.c_uint64(self.ptr),
                                        a.ctypes.data_as(ctypes.c_void_p),
                                        ctypes.c_size_t(self.nbytes)), "cuMemcpyHtoD")
+        elif self.nbytes:
+            # every byte 0xFF: NaN in a float64, -1 in an integer
+            _check(drv.cuMemsetD8_v2(ctypes.c_uint64(self.ptr), ctypes.c_ubyte(0xFF),
+                                     ctypes.c_size_t(self.nbytes)), "cuMemsetD8")
         self.__cuda_array_interface__ = {"shape": tuple(a.shape), "typestr": a.dtype.str,
                                          "data": (self.ptr, False), "strides": None,
                                          "version": 3}
 
-    def copy_to_host(self) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
-        if self.nbytes:
+    @classmethod
+    def unwritten(cls, like: np.ndarray) -> "DeviceBuffer":
+        """An output buffer of ``like``'s shape and type, not copied from the host: every
+        byte 0xFF (NaN, or -1), so a value the kernel does not write shows. ``like`` may be
+        ``np.empty`` (its pages are never touched)."""
+        return cls(like, copy=False)
+
+    def copy_to_host(self, leading: int | None = None) -> np.ndarray:
+        """The buffer on the host; ``leading``: only its first rows along axis 0 (one
+        contiguous piece, read alone)."""
+        shape = self.shape if leading is None else (int(leading),) + tuple(self.shape[1:])
+        out = np.empty(shape, self.dtype)
+        if out.nbytes:
             _check(_driver().cuMemcpyDtoH_v2(out.ctypes.data_as(ctypes.c_void_p),
                                              ctypes.c_uint64(self.ptr),
-                                             ctypes.c_size_t(self.nbytes)), "cuMemcpyDtoH")
+                                             ctypes.c_size_t(out.nbytes)), "cuMemcpyDtoH")
         return out
 
     def free(self) -> None:

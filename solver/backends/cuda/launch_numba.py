@@ -136,7 +136,8 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     if warp:   # a block per (trajectory, group of nw directions), a warp per direction
         nw = plan.plain.direction_warps(m, dir_warps)
         inp = pad_directions(inp, nw)
-    host = sens_outputs(inp)
+    # through the kernel cache the outputs are filled on the device (``DeviceBuffer.unwritten``)
+    host = sens_outputs(inp, fill=kernel_cache is None)
     dev_in = list(sens_call_args(inp, args_h, host))
     dev_in[22], dev_in[23] = np.int64(inp["N"]), np.int64(inp["m"])
     if warp:
@@ -149,7 +150,8 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     first = plan.compile_s is None
     if kernel_cache is not None:
         launch, info = _cached_launch(plan, dev_in, kernel_cache, module_dir, blocks, tpb)
-        dev = [DeviceBuffer(x) if isinstance(x, np.ndarray) else x for x in dev_in]
+        dev = [(DeviceBuffer.unwritten(x) if _OUTPUTS[0] <= j < _OUTPUTS[1] else DeviceBuffer(x))
+               if isinstance(x, np.ndarray) else x for j, x in enumerate(dev_in)]
     else:
         kernel = plan.kernel(module_dir)
         launch = kernel[blocks, tpb]
@@ -164,6 +166,8 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                       "it with numba-cuda-mlir instead", RuntimeWarning, stacklevel=2)
         kernel = plan.kernel(module_dir)
         info.update(_numba_info(kernel, True))
+        dev_in[_OUTPUTS[0]:_OUTPUTS[1]] = sens_call_args(inp, args_h, sens_outputs(inp))[
+            _OUTPUTS[0]:_OUTPUTS[1]]
         dev = _numba_arrays(dev_in)
         kernel[blocks, tpb](*dev)
     if info["launch"] == "numba":       # numba's launch is asynchronous
@@ -172,13 +176,29 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     if first:
         plan.compile_s = elapsed if kernel_cache is None else info["compile_seconds"]
     names = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
-    res = trim_directions({k: dev[16 + j].copy_to_host() for j, k in enumerate(names)}, m)
+    # the padded directions (zero ones, the last rows of every per-direction output) stay on
+    # the device where the buffers allow it
+    res = trim_directions({k: _to_host(dev[_OUTPUTS[0] + j], None if k == "ys" else m)
+                           for j, k in enumerate(names)}, m)
     info.update({"kernel_seconds": elapsed, "threads": blocks * tpb, "directions": m,
                  "kernel_module": plan.module_path})
     if warp:
         info["direction_warps"] = nw
     return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
                                res["n_accepted"], res["n_rejected"], "cuda", info)
+
+
+#: the sensitivity kernel's outputs (ys, dys, t_out, status, n_accepted, n_rejected): their
+#: positions in ``inputs.sens_call_args``
+_OUTPUTS = (16, 22)
+
+
+def _to_host(buffer, leading):
+    """A device output on the host: a ``DeviceBuffer``'s first ``leading`` rows (all with
+    None), numba's array whole."""
+    if isinstance(buffer, DeviceBuffer):
+        return buffer.copy_to_host(leading)
+    return buffer.copy_to_host()
 
 
 def _numba_arrays(values) -> list:

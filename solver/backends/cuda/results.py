@@ -28,6 +28,7 @@ class SensitivitySolution:
         self.ys, self.dys, self.status, self.t_final = ys, dys, status, t_final
         self.n_accepted, self.n_rejected = n_accepted, n_rejected
         self.backend, self.info = backend, info
+        self._unreached = None
 
     def trajectory_status(self) -> np.ndarray:
         """(N,): OK where every direction of the trajectory finished, else the first failed
@@ -38,19 +39,36 @@ class SensitivitySolution:
         return np.where(bad.any(axis=0), st[first, np.arange(st.shape[1])], int(Status.OK))
 
     def unreached(self) -> np.ndarray:
-        """(N, ns): the save times some direction of that trajectory did not reach."""
-        return np.any(np.isnan(self.dys), axis=(0, 3))
+        """(N, ns): the save times some direction of that trajectory did not reach (NaN in its
+        dys). Only the trajectories with a failed direction are searched: a finished thread
+        wrote finite values at every save time (the kernels check each step's finiteness), and
+        dys can be gigabytes (the CMB sources' Jacobian)."""
+        if self._unreached is None:
+            dys = np.asarray(self.dys)
+            out = np.zeros(dys.shape[1:3], bool)
+            failed = np.nonzero(np.any(np.asarray(self.status) != int(Status.OK), axis=0))[0]
+            if failed.size:
+                out[failed] = np.any(np.isnan(dys[:, failed]), axis=(0, 3))
+            self._unreached = out
+        return self._unreached
 
     def dys_or_nan(self) -> np.ndarray:
         """dys with every direction NaN at the save times some direction of that trajectory did
-        not reach (as the JAX backend's joint solve of all directions at once reports)."""
+        not reach (as the JAX backend's joint solve of all directions at once reports); dys
+        itself, not a copy, when every save time was reached."""
+        unreached = self.unreached()
+        if not unreached.any():
+            return np.asarray(self.dys)
         dys = np.array(self.dys)
-        dys[:, self.unreached()] = np.nan
+        dys[:, unreached] = np.nan
         return dys
 
     def ys_or_nan(self) -> np.ndarray:
         """ys (the direction-0 threads' states) NaN where ``dys_or_nan`` is: a trajectory's
         values are only as complete as its slowest direction."""
+        unreached = self.unreached()
+        if not unreached.any():
+            return np.asarray(self.ys, np.float64)
         ys = np.array(self.ys, np.float64)
-        ys[self.unreached()] = np.nan
+        ys[unreached] = np.nan
         return ys
