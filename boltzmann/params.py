@@ -574,7 +574,15 @@ def load_config(source: str | Path | Mapping) -> Config:
                   source_path=source_path)
 
 
+def with_precision(config: Config, **settings) -> Config:
+    """``config`` with precision keys changed, each checked as a config file's would be (name,
+    type, range); raises ConfigError."""
+    _check_keys("precision", settings, PRECISION_TABLE)
+    values = {k: _coerce("precision", k, PRECISION_TABLE[k], v) for k, v in settings.items()}
+    return dataclasses.replace(config, precision=dataclasses.replace(config.precision, **values))
+
+
 __all__ = [
     "ConfigError", "Config", "CosmoParams", "OutputSpec", "PrecisionSpec", "load_config",
-    "CONFIGS_DIR",
+    "with_precision", "CONFIGS_DIR",
 ]

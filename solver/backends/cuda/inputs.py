@@ -167,13 +167,12 @@ def sens_outputs(inp, fill: bool = True):
     for the CMB sources' Jacobian dys is gigabytes, whose host fill and copy would cost more
     than the kernel)."""
     N, n, m, ns = inp["N"], inp["n"], inp["m"], inp["t_save"].shape[1]
-    if not fill:
-        return dict(ys=np.empty((N, ns, n)), dys=np.empty((m, N, ns, n)),
-                    t_out=np.empty((m, N)), status=np.empty((m, N), np.int32),
-                    n_accepted=np.empty((m, N), np.int32), n_rejected=np.empty((m, N), np.int32))
-    return dict(ys=np.full((N, ns, n), -12345.0), dys=np.full((m, N, ns, n), -12345.0),
-                t_out=np.zeros((m, N)), status=np.full((m, N), -7, np.int32),
-                n_accepted=np.zeros((m, N), np.int32), n_rejected=np.zeros((m, N), np.int32))
+    f8, i4 = np.float64, np.int32
+    outputs = {"ys": ((N, ns, n), f8, -12345.0), "dys": ((m, N, ns, n), f8, -12345.0),
+               "t_out": ((m, N), f8, 0.0), "status": ((m, N), i4, -7),
+               "n_accepted": ((m, N), i4, 0), "n_rejected": ((m, N), i4, 0)}
+    return {k: np.full(shape, v, t) if fill else np.empty(shape, t)
+            for k, (shape, t, v) in outputs.items()}
 
 
 def sens_call_args(inp, args_h, out):

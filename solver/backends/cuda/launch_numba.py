@@ -139,7 +139,7 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     # through the kernel cache the outputs are filled on the device (``DeviceBuffer.unwritten``)
     host = sens_outputs(inp, fill=kernel_cache is None)
     dev_in = list(sens_call_args(inp, args_h, host))
-    dev_in[22], dev_in[23] = np.int64(inp["N"]), np.int64(inp["m"])
+    dev_in[_N_TRAJ], dev_in[_N_TRAJ + 1] = np.int64(inp["N"]), np.int64(inp["m"])
     if warp:
         dev_in += [plan.sched, plan.sched_f]
         blocks, tpb = inp["N"] * (inp["m"] // nw), plan.threads_per_block * nw
@@ -150,8 +150,9 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     first = plan.compile_s is None
     if kernel_cache is not None:
         launch, info = _cached_launch(plan, dev_in, kernel_cache, module_dir, blocks, tpb)
-        dev = [(DeviceBuffer.unwritten(x) if _OUTPUTS[0] <= j < _OUTPUTS[1] else DeviceBuffer(x))
-               if isinstance(x, np.ndarray) else x for j, x in enumerate(dev_in)]
+        dev = [(DeviceBuffer.unwritten(x) if _OUTPUTS.start <= j < _OUTPUTS.stop
+                else DeviceBuffer(x)) if isinstance(x, np.ndarray) else x
+               for j, x in enumerate(dev_in)]
     else:
         kernel = plan.kernel(module_dir)
         launch = kernel[blocks, tpb]
@@ -166,8 +167,8 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                       "it with numba-cuda-mlir instead", RuntimeWarning, stacklevel=2)
         kernel = plan.kernel(module_dir)
         info.update(_numba_info(kernel, True))
-        dev_in[_OUTPUTS[0]:_OUTPUTS[1]] = sens_call_args(inp, args_h, sens_outputs(inp))[
-            _OUTPUTS[0]:_OUTPUTS[1]]
+        filled = sens_outputs(inp)
+        dev_in[_OUTPUTS] = [filled[k] for k in _OUT_NAMES]
         dev = _numba_arrays(dev_in)
         kernel[blocks, tpb](*dev)
     if info["launch"] == "numba":       # numba's launch is asynchronous
@@ -175,11 +176,10 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     elapsed = time.perf_counter() - t_launch
     if first:
         plan.compile_s = elapsed if kernel_cache is None else info["compile_seconds"]
-    names = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
     # the padded directions (zero ones, the last rows of every per-direction output) stay on
     # the device where the buffers allow it
-    res = trim_directions({k: _to_host(dev[_OUTPUTS[0] + j], None if k == "ys" else m)
-                           for j, k in enumerate(names)}, m)
+    res = trim_directions({k: _to_host(d, None if k == "ys" else m)
+                           for k, d in zip(_OUT_NAMES, dev[_OUTPUTS])}, m)
     info.update({"kernel_seconds": elapsed, "threads": blocks * tpb, "directions": m,
                  "kernel_module": plan.module_path})
     if warp:
@@ -188,9 +188,11 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                                res["n_accepted"], res["n_rejected"], "cuda", info)
 
 
-#: the sensitivity kernel's outputs (ys, dys, t_out, status, n_accepted, n_rejected): their
-#: positions in ``inputs.sens_call_args``
-_OUTPUTS = (16, 22)
+#: the sensitivity kernel's outputs, as ``inputs.sens_outputs`` names them, and their positions
+#: (and n_traj's, n_dir after it) among its arguments
+_OUT_NAMES = ("ys", "dys", "t_out", "status", "n_accepted", "n_rejected")
+_OUTPUTS = slice(SENS_KERNEL_ARGS.index(_OUT_NAMES[0]), SENS_KERNEL_ARGS.index(_OUT_NAMES[-1]) + 1)
+_N_TRAJ = SENS_KERNEL_ARGS.index("n_traj")
 
 
 def _to_host(buffer, leading):
@@ -218,7 +220,7 @@ def _cached_launch(plan, example, kernel_cache, module_dir, blocks=None, tpb=THR
     compiled and stored), loaded once per plan and launched through the driver; ``blocks``
     default: one thread per (trajectory, direction) of the example."""
     if blocks is None:
-        blocks = (int(example[22]) * int(example[23]) + tpb - 1) // tpb
+        blocks = (int(example[_N_TRAJ]) * int(example[_N_TRAJ + 1]) + tpb - 1) // tpb
     cached = plan.cubin
     kernel_args = WARP_SENS_KERNEL_ARGS if getattr(plan, "kind", "") == "warp" else \
         SENS_KERNEL_ARGS

@@ -12,7 +12,8 @@ sensitivity error control -- then the thread's steps are exactly the plain kerne
 
 Arguments: the plain kernel's plus ``s0`` (m, N, n), ``dparams`` (m, N, P), ``dargs`` (m or 1,
 *args.shape; tangent tables, dtv = table_values(t, p, dargs[d])), ``atol_s``, ``weights_s``
-((1 or N, n), as ``weights``: a trajectory's directions take its row), ``n_dir``; outputs ``ys`` (N, ns, n; written by direction 0), ``dys`` (m, N, ns, n) and per-thread
+((1 or N, n), as ``weights``: a trajectory's directions take its row), ``n_dir``; outputs ``ys``
+(N, ns, n; written by direction 0), ``dys`` (m, N, ns, n) and per-thread
 ``t_out``, ``status``, ``n_accepted``, ``n_rejected`` (m, N). ``sens_probe_kernel`` evaluates s',
 H u and ∂s'/∂t at given points (tests of the Enzyme calls).
 """
