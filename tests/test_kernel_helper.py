@@ -138,14 +138,16 @@ def test_wait_reports_success_failure_and_a_helper_that_hangs(tmp_path):
 @pytest.mark.slow  # ~70 s on 2 cores: the inputs program's compile and the emulated kernel
 def test_warm_sensitivity_kernel_launches_the_jacobians_kernel():
     """``warm_sensitivity_kernel`` runs the Jacobian's sensitivity launch (the warp kernel, every
-    parameter a direction) on one mode: here through the emulated kernel."""
+    solve direction: all parameters but the primordial ones) on one mode: here through the
+    emulated kernel."""
     cfg = load_config("lcdm_reduced")
     params = available_parameters(cfg.cosmology)
     fn = PowerSpectrumFunction(cfg, parameters=params, backend=CudaBackend(launch="emulated"),
                                k=np.array([0.001, 0.01, 0.1]), z=[0.0], with_sigma8=False)
     info = fn.warm_sensitivity_kernel()
-    assert info["directions"] == len(params) and info["kernel"] == "warp"
-    assert info["threads"] == 32 * len(params)       # one mode: a warp per direction
+    m = len(fn.solve_directions)
+    assert m == len(params) - 2 and info["directions"] == m and info["kernel"] == "warp"
+    assert info["threads"] == 32 * m                 # one mode: a warp per direction
 
 
 @pytest.mark.gpu

@@ -63,12 +63,14 @@ class Writer:
 
     def rows(self, d: int, body, guard: bool = True):
         """``body(q)`` lines for each owned row q (registers r{q}, p{q}, dg{q}); ``guard``:
-        only real rows (r < n)."""
+        only real rows (r < n). Rows are dealt to the lanes in order, so only the last q can
+        have lanes without a row: the others need no test (fewer branches to compile: each is
+        a basic block for numba's SSA passes, most of the kernels' compile time)."""
         for q in range(self.K):
             lines = body(q)
             if not lines:
                 continue
-            if guard:
+            if guard and (q + 1) * self.s.lanes > self.n:
                 self(d, f"if r{q} < U64({self.n}):")
                 self(d + 1, *lines)
             else:
