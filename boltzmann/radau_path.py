@@ -123,15 +123,18 @@ def radau_path(rhs: Callable, t_lo, t_hi, y0, stage_args, params, loops):
     linearised recurrence of the module docstring; ``t_lo``/``t_hi`` are the fixed grid (no
     tangent). ``loops`` (``thermodynamics.LoopShape``) shapes the primal's loop.
     """
+    # the grid is an argument, not a closed-over value: under jit it is a tracer of the caller's
+    # trace, and a rule closing over it fails when a later transformation (jacfwd of a jitted
+    # caller) runs the rule after that trace has ended
     @jax.custom_jvp
-    def path(y0, stage_args, params):
+    def path(t_lo, t_hi, y0, stage_args, params):
         ys, zs = _integrate(rhs, t_lo, t_hi, y0, stage_args, params, loops)
         return ys, _collocation_derivative(t_lo, t_hi, zs)
 
     @path.defjvp
     def path_jvp(primals, tangents):
-        y0, stage_args, params = primals
-        dy0, d_stage_args, d_params = tangents
+        t_lo, t_hi, y0, stage_args, params = primals
+        _, _, dy0, d_stage_args, d_params = tangents      # the grid's tangents: none (fixed)
         ys, zs = _integrate(rhs, t_lo, t_hi, y0, stage_args, params, loops)
         y_prev = jnp.concatenate([y0[None], ys[:-1]])
         step_maps = jax.vmap(
@@ -148,4 +151,4 @@ def radau_path(rhs: Callable, t_lo, t_hi, y0, stage_args, params, loops):
         return ((ys, _collocation_derivative(t_lo, t_hi, zs)),
                 (dys, _collocation_derivative(t_lo, t_hi, dzs)))
 
-    return path(y0, tuple(stage_args), params)
+    return path(t_lo, t_hi, y0, tuple(stage_args), params)

@@ -161,3 +161,15 @@ def test_thermodynamics_tangents_match_finite_differences(stride):
         err = np.abs(jac[..., d] - fd)[:, keep].max(axis=1)
         scale = np.abs(fd)[:, keep].max(axis=1)
         assert np.all(err < 1e-5 * scale), (d, err / scale)
+
+
+def test_radau_path_under_jit_then_jacfwd():
+    """A jitted caller, called, then differentiated (``jax.jacfwd(jax.jit(f))``, as a sampler's
+    likelihood does): the path's jvp rule runs after the caller's trace has ended, so it must
+    not hold that trace's values (the grid built inside the caller)."""
+    theta = jnp.array([0.04, 1e4, 0.3, 0.1])
+    f = jax.jit(_linearised)
+    np.testing.assert_allclose(np.asarray(f(theta)), np.asarray(_linearised(theta)),
+                               rtol=1e-12, atol=0)
+    np.testing.assert_allclose(np.asarray(jax.jacfwd(f)(theta)),
+                               np.asarray(jax.jacfwd(_linearised)(theta)), rtol=1e-10, atol=0)
