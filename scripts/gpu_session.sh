@@ -5,8 +5,8 @@
 #   hosttables one cosmology's tables on the host CPU: as is, on one core (taskset), and with
 #              XLA:CPU's Eigen threads off
 #   hostprof   profile_host: one warm P(k) function by function (cProfile), the tables stage in
-#              pieces and the Jacobian's inputs program, with XLA:CPU's pool of one thread and
-#              the default pool, a process each ($JOB/hostprof_1.txt, hostprof_default.txt)
+#              pieces and the Jacobian's inputs program, once per XLA:CPU pool size in POOLS
+#              (default "1 default"), a process each ($JOB/hostprof_<size>.txt)
 #   pools      bench_gpu parts c and d (one P(k), the Jacobian) once per XLA:CPU pool size in
 #              POOLS (default "1 2 4 default"), a process each
 #   dirwarps   bench_gpu part d once per sensitivity-kernel direction warps per block in
@@ -91,10 +91,12 @@ for s in ${STEPS:-cb d first_run profile}; do
             --backends cuda --budget 560 --row-limit 500 --grad-sec "${GRAD_SEC:-0.1}" \
             --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_1t" ;;
     hostprof)
-        BOLTZMANN_HOST_THREADS=1 step hostprof_1 200 python scripts/profile_host.py \
-            --backend cuda --jacobian --repeat 10
-        step hostprof_default 200 python scripts/profile_host.py --backend cuda --jacobian \
-            --repeat 10 ;;
+        for T in ${POOLS:-1 default}; do
+            if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
+            step "hostprof_$T" 200 python scripts/profile_host.py --backend cuda --jacobian \
+                --repeat 10
+        done
+        unset BOLTZMANN_HOST_THREADS ;;
     pools)
         # XLA:CPU's pool size on the host (BOLTZMANN_HOST_THREADS; "default": JAX's, a thread
         # per CPU) against one P(k) and the Jacobian, whose inputs run on the host: a process
