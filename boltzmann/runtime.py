@@ -25,7 +25,7 @@ import jax
 
 __all__ = ["Settings", "CompileCounter", "configure", "use_float64", "require_float64",
            "default_cache_root", "clear_cache", "backend_for", "persistent_dir",
-           "size_host_pool"]
+           "size_host_pool", "accelerator_visible", "ACCELERATOR_HOST_THREADS"]
 
 #: folder names under the cache root
 XLA_DIR = "xla"
@@ -61,8 +61,9 @@ class Settings:
     cuda_launch: the CUDA backend's launch ("auto", "ffi", "numba"; solver.CudaBackend);
     ffi_library: a prebuilt FFI handler library for the CUDA backend, or None to build one;
     cxx: the C++ compiler that builds the handler;
-    host_threads: the size of XLA:CPU's thread pool (``size_host_pool``), or None for JAX's
-        default (one thread per CPU the process may use);
+    host_threads: the size of XLA:CPU's thread pool (``size_host_pool``); None or 0 for JAX's
+        default (one thread per CPU the process may use). ``from_environment`` picks
+        ``ACCELERATOR_HOST_THREADS`` where an accelerator is visible and the variable is unset;
     direction_warps: the CUDA sensitivity kernel's direction warps per block at most
         (``solver.CudaBackend(direction_warps=)``), or None for the kernel's own.
     """
@@ -79,18 +80,26 @@ class Settings:
                          cache_root: Path | str | None = None, no_cache: bool = False):
         """Settings from the environment: BOLTZMANN_CACHE_DIR / XDG_CACHE_HOME (cache root;
         BOLTZMANN_CACHE=0 turns the cache off), BOLTZMANN_CUDA_LAUNCH, BOLTZMANN_FFI_LIB, CXX,
-        BOLTZMANN_HOST_THREADS, BOLTZMANN_DIRECTION_WARPS. Explicit arguments (the CLI's options)
-        take precedence."""
+        BOLTZMANN_HOST_THREADS (a positive integer, or ``all`` for JAX's pool; unset: one thread
+        where an accelerator is visible, see ``ACCELERATOR_HOST_THREADS``),
+        BOLTZMANN_DIRECTION_WARPS. Explicit arguments (the CLI's options) take precedence."""
         off = environ.get("BOLTZMANN_CACHE", "1").strip().lower() in ("0", "off", "false", "no")
         if no_cache or (off and cache_root is None):
             root = None
         else:
             root = Path(cache_root).expanduser() if cache_root else default_cache_root(environ)
         lib = environ.get("BOLTZMANN_FFI_LIB")
-        threads = environ.get("BOLTZMANN_HOST_THREADS", "").strip()
-        if threads and not (threads.isdigit() and int(threads) > 0):
-            raise ValueError(f"BOLTZMANN_HOST_THREADS={threads!r}: give a positive integer (the "
-                             "size of XLA:CPU's thread pool) or leave it unset")
+        threads = environ.get("BOLTZMANN_HOST_THREADS", "").strip().lower()
+        if threads == "all":
+            pool = 0
+        elif threads:
+            if not (threads.isdigit() and int(threads) > 0):
+                raise ValueError(f"BOLTZMANN_HOST_THREADS={threads!r}: give a positive integer "
+                                 "(the size of XLA:CPU's thread pool), 'all' (a thread per CPU) "
+                                 "or leave it unset")
+            pool = int(threads)
+        else:
+            pool = ACCELERATOR_HOST_THREADS if accelerator_visible(environ) else None
         warps = environ.get("BOLTZMANN_DIRECTION_WARPS", "").strip()
         if warps and not (warps.isdigit() and int(warps) > 0):
             raise ValueError(f"BOLTZMANN_DIRECTION_WARPS={warps!r}: give a positive integer (the "
@@ -98,7 +107,7 @@ class Settings:
                              "leave it unset")
         return cls(cache_root=root, cuda_launch=environ.get("BOLTZMANN_CUDA_LAUNCH", "auto"),
                    ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++",
-                   host_threads=int(threads) if threads else None,
+                   host_threads=pool,
                    direction_warps=int(warps) if warps else None)
 
 
@@ -129,7 +138,7 @@ def configure(settings: Settings = Settings()) -> CompileCounter:
     JAX writes each entry atomically, so a sampler's workers can share one cache.
     """
     global _configured_root
-    if settings.host_threads is not None:
+    if settings.host_threads:
         size_host_pool(settings.host_threads)
     use_float64()
     counter = CompileCounter()
@@ -146,6 +155,49 @@ def configure(settings: Settings = Settings()) -> CompileCounter:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return counter
+
+
+#: XLA:CPU's pool size where an accelerator runs the solves and the variable is unset. The host
+#: still computes the tables of a few cosmologies and the Jacobian's inputs (tables and their
+#: tangents), thousands of small operations in sequence; on 16-core GPU hosts one thread did
+#: both in about half the time of a thread per core (docs/benchmarks.md, "the host's thread
+#: pool": tables 24-28 against 43-48 ms, the Jacobian's inputs 102-107 against 191-224 ms).
+#: A CPU-only run keeps JAX's pool: there the solves themselves run on it.
+ACCELERATOR_HOST_THREADS = 1
+
+#: the JAX plugins that bring an NVIDIA GPU backend
+_GPU_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_plugins.xla_cuda13",
+                "jax_plugins.xla_cuda12")
+
+
+def _gpu_plugin_installed() -> bool:
+    import importlib.util
+
+    for name in _GPU_PLUGINS:
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except (ImportError, ValueError):
+            continue
+    return False
+
+
+def _gpu_device_nodes() -> list[str]:
+    import glob
+
+    return glob.glob("/dev/nvidia[0-9]*")
+
+
+def accelerator_visible(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether JAX will find an NVIDIA GPU, judged without creating its backends (the pool must
+    be sized before they exist): a GPU plugin installed, a GPU device node present, and neither
+    JAX_PLATFORMS nor CUDA_VISIBLE_DEVICES ruling GPUs out."""
+    platforms = environ.get("JAX_PLATFORMS", "").strip().lower()
+    if platforms and not any(p in platforms for p in ("cuda", "gpu")):
+        return False
+    if environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+        return False
+    return bool(_gpu_device_nodes()) and _gpu_plugin_installed()
 
 
 def size_host_pool(n_threads: int) -> bool:

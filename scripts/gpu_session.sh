@@ -6,9 +6,10 @@
 #              XLA:CPU's Eigen threads off
 #   hostprof   profile_host: one warm P(k) function by function (cProfile), the tables stage in
 #              pieces and the Jacobian's inputs program, once per XLA:CPU pool size in POOLS
-#              (default "1 default"), a process each ($JOB/hostprof_<size>.txt)
+#              (default "default all": the code's own, one thread on a GPU machine, and JAX's, a
+#              thread per CPU), a process each ($JOB/hostprof_<size>.txt)
 #   pools      bench_gpu parts c and d (one P(k), the Jacobian) once per XLA:CPU pool size in
-#              POOLS (default "1 2 4 default"), a process each
+#              POOLS (default "default all 4"), a process each
 #   dirwarps   bench_gpu part d once per sensitivity-kernel direction warps per block in
 #              DIR_WARPS (default "default 1"; BOLTZMANN_DIRECTION_WARPS), a process each
 #   ncu        Nsight Compute (if the machine has it) on one warm launch of the plain warp
@@ -17,14 +18,10 @@
 #   order      one P(k) and 256 cosmologies with the modes launched highest k first (the code's)
 #              against lowest k first, and with the massless neutrinos as a fluid from k τ = 30
 #              (a second launch of the smaller model), side by side (bench_jacobian_kinds)
-#   hostpool   bench_gpu part c with XLA:CPU's pool of one thread (BOLTZMANN_HOST_THREADS=1)
-#   first_run_1t   the main job's first and second process with that pool
-#   d_1t       bench_gpu part d with that pool (hostpool_more is first_run_1t, then d_1t)
-#   hostpool_more  what that pool would cost as the GPU default: the main job's first and second
-#              process and bench_gpu part d (the Jacobian, whose inputs run on the host) with it
 #   d          bench_gpu part d: the Jacobian ratio at sensitivity error weights (GRAD_SEC, default 1,0.1,0),
 #              the batched value-and-Jacobian of GRAD_BATCH cosmologies
-#   first_run  the main job on CUDA in a first and a second process (one cache folder)
+#   first_run  the main job on CUDA in a first and a second process (one cache folder), once
+#              per XLA:CPU pool in FR_POOLS (default "default"; e.g. "default all")
 #   first_run_grad  the same with --gradients (the first Jacobian call and a later process's)
 #   cl         bench_cl: configs/planck_cl.yaml's lensed C_l on CUDA, first and warm, with the
 #              per-stage times, one multipole per line-of-sight iteration and then the
@@ -79,29 +76,18 @@ for s in ${STEPS:-cb d first_run profile}; do
         XLA_FLAGS="--xla_cpu_multi_thread_eigen=false" step hosttables_noeigen 60 \
             python scripts/bench_tables.py --cosmologies 1 --device cpu --shapes rolled,n1u1i \
             --repeats 7 ;;
-    hostpool)
-        BOLTZMANN_HOST_THREADS=1 step hostpool 300 python scripts/bench_gpu.py --parts c \
-            --backends cuda --budget 280 --row-limit 250 --out "$JOB/hostpool" ;;
-    first_run_1t|hostpool_more)
-        rm -rf "$CACHE.1t"
-        BOLTZMANN_HOST_THREADS=1 step first_run_1t 300 python scripts/bench_first_run.py \
-            --backend cuda --cache-dir "$CACHE.1t" --out "$JOB/fr_1t" ;;&
-    d_1t|hostpool_more)
-        BOLTZMANN_HOST_THREADS=1 step bench_d_1t 600 python scripts/bench_gpu.py --parts d \
-            --backends cuda --budget 560 --row-limit 500 --grad-sec "${GRAD_SEC:-0.1}" \
-            --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_1t" ;;
     hostprof)
-        for T in ${POOLS:-1 default}; do
+        for T in ${POOLS:-default all}; do
             if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
             step "hostprof_$T" 200 python scripts/profile_host.py --backend cuda --jacobian \
                 --repeat 10
         done
         unset BOLTZMANN_HOST_THREADS ;;
     pools)
-        # XLA:CPU's pool size on the host (BOLTZMANN_HOST_THREADS; "default": JAX's, a thread
-        # per CPU) against one P(k) and the Jacobian, whose inputs run on the host: a process
-        # per size in POOLS, side by side
-        for T in ${POOLS:-1 2 4 default}; do
+        # XLA:CPU's pool size on the host (BOLTZMANN_HOST_THREADS; "default": the code's, one
+        # thread on a GPU machine; "all": JAX's, a thread per CPU) against one P(k) and the
+        # Jacobian, whose inputs run on the host: a process per size in POOLS, side by side
+        for T in ${POOLS:-default all 4}; do
             if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
             step "pool_$T" 300 python scripts/bench_gpu.py --parts cd --backends cuda --budget 280 \
                 --row-limit 250 --grad-batch "${GRAD_BATCH:-16}" --out "$JOB/pool_$T"
@@ -145,15 +131,23 @@ for s in ${STEPS:-cb d first_run profile}; do
         step bench_d 600 python scripts/bench_gpu.py --parts d --backends cuda --budget 560 \
             --row-limit 500 --grad-sec "${GRAD_SEC:-1,0.1,0}" --grad-batch "${GRAD_BATCH:-64}" \
             --out "$JOB/d" ;;
-    first_run)
-        rm -rf "$CACHE"
-        step first_run 300 python scripts/bench_first_run.py --backend cuda --cache-dir "$CACHE" \
-            --out "$JOB/fr" ;;
-    first_run_grad)
-        # issue 14's H200 Jacobian targets: `--gradients --backend cuda`, empty cache, twice
-        rm -rf "$CACHE.grad"
-        step first_run_grad 540 python scripts/bench_first_run.py --backend cuda --gradients \
-            --cache-dir "$CACHE.grad" --out "$JOB/fr_grad" ;;
+    first_run|first_run_grad)
+        # issue 14's H200 targets: the main job (first_run) or `--gradients` (first_run_grad)
+        # on CUDA, empty cache, twice; once per XLA:CPU pool in FR_POOLS (default "default";
+        # "all": JAX's pool), each on its own cache
+        for T in ${FR_POOLS:-default}; do
+            if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
+            if [ "$s" = first_run ]; then
+                rm -rf "$CACHE.$T"
+                step "first_run_$T" 300 python scripts/bench_first_run.py --backend cuda \
+                    --cache-dir "$CACHE.$T" --out "$JOB/fr_$T"
+            else
+                rm -rf "$CACHE.grad.$T"
+                step "first_run_grad_$T" 540 python scripts/bench_first_run.py --backend cuda \
+                    --gradients --cache-dir "$CACHE.grad.$T" --out "$JOB/fr_grad_$T"
+            fi
+        done
+        unset BOLTZMANN_HOST_THREADS ;;
     cl)
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
@@ -177,10 +171,10 @@ for s in ${STEPS:-cb d first_run profile}; do
         step cl_lensing 200 python scripts/profile_lensing.py --methods recurrence,tables ;;
     profile)
         step profile 120 python -m cProfile -o "$JOB/third.prof" scripts/transfer.py \
-            --config lcdm --backend cuda --cache-dir "$CACHE" --out /tmp/prof_out --no-plot
+            --config lcdm --backend cuda --cache-dir "$CACHE.default" --out /tmp/prof_out --no-plot
         python -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(60)" \
             "$JOB/third.prof" > "$JOB/profile_top.txt" 2>&1
-        python -X importtime scripts/transfer.py --config lcdm --backend cuda --cache-dir "$CACHE" \
+        python -X importtime scripts/transfer.py --config lcdm --backend cuda --cache-dir "$CACHE.default" \
             --out /tmp/prof_out --no-plot 2> "$JOB/importtime.txt" > /dev/null ;;
     tests)
         # groups separated by ';' run as parallel pytest processes (the host has 16 cores; the

@@ -134,14 +134,37 @@ def test_cache_can_be_cleared_and_turned_off(tmp_path):
     assert not (s.cache_root / "xla").exists()
 
 
+def test_host_pool_default_follows_the_accelerator(monkeypatch):
+    """Unset, BOLTZMANN_HOST_THREADS means one XLA:CPU thread where a GPU is visible (the host
+    then runs only the sequential tables and inputs) and JAX's pool elsewhere; JAX_PLATFORMS=cpu
+    or an empty CUDA_VISIBLE_DEVICES rule the GPU out, and 'all' asks for JAX's pool."""
+    from boltzmann import runtime
+
+    monkeypatch.setattr(runtime, "_gpu_device_nodes", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(runtime, "_gpu_plugin_installed", lambda: True)
+    env = runtime.Settings.from_environment
+    assert env({}).host_threads == runtime.ACCELERATOR_HOST_THREADS == 1
+    assert env({"JAX_PLATFORMS": "cuda,cpu"}).host_threads == 1
+    assert env({"JAX_PLATFORMS": "cpu"}).host_threads is None
+    assert env({"CUDA_VISIBLE_DEVICES": ""}).host_threads is None
+    assert env({"BOLTZMANN_HOST_THREADS": "all"}).host_threads == 0
+    assert env({"BOLTZMANN_HOST_THREADS": "3"}).host_threads == 3
+    monkeypatch.setattr(runtime, "_gpu_plugin_installed", lambda: False)
+    assert env({}).host_threads is None
+    monkeypatch.setattr(runtime, "_gpu_plugin_installed", lambda: True)
+    monkeypatch.setattr(runtime, "_gpu_device_nodes", lambda: [])
+    assert env({}).host_threads is None
+
+
 def test_host_pool_sizing(tmp_path):
     """BOLTZMANN_HOST_THREADS: parsed (a bad value names what to give) and applied before JAX's
     backends exist — in a fresh process: XLA:CPU starts fewer threads, the process keeps its CPU
     affinity, and a later call changes nothing."""
     from boltzmann import runtime
 
-    assert runtime.Settings.from_environment({}).host_threads is None
+    assert runtime.Settings.from_environment({"JAX_PLATFORMS": "cpu"}).host_threads is None
     assert runtime.Settings.from_environment({"BOLTZMANN_HOST_THREADS": "1"}).host_threads == 1
+    assert runtime.Settings.from_environment({"BOLTZMANN_HOST_THREADS": "all"}).host_threads == 0
     with pytest.raises(ValueError, match="positive integer"):
         runtime.Settings.from_environment({"BOLTZMANN_HOST_THREADS": "many"})
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
