@@ -74,7 +74,8 @@ def time_gradients(config, backend, runs: int, parameters, sampling, sec=None,
     f = ClFunction(config, parameters=parameters, sampling=sampling, backend=backend, **kw)
     out = {"setup_s": time.perf_counter() - t0, "parameters": list(f.parameters),
            "modes": int(f.plan.k.size), "samples": int(f.plan.x.size), "value_s": [],
-           "jacobian_s": [], "jacobian_stages_s": [], "direction_block": f.direction_block}
+           "jacobian_s": [], "jacobian_stages_s": [], "sensitivity_launch": [],
+           "direction_block": f.direction_block}
     for key, call in (("value_s", f), ("jacobian_s", f.jacobian)):
         for i in range(runs):
             t0 = time.perf_counter()
@@ -82,10 +83,26 @@ def time_gradients(config, backend, runs: int, parameters, sampling, sec=None,
             out[key].append(time.perf_counter() - t0)
             if key == "jacobian_s":
                 out["jacobian_stages_s"].append(dict(f.last_stage_seconds))
+                out["sensitivity_launch"].append(_launch_seconds(f.backend))
                 if keep is not None:
                     keep.update({f"d_{name}": np.asarray(v) for name, v in res[1].items()})
             print(f"{key[:-2]} {i + 1}: {out[key][-1]:.3f} s", flush=True)
     return out
+
+
+#: what a CUDA sensitivity launch reports of its own cost (solver/backends/cuda: the kernel,
+#: the copies to and from the device, the host callback around them, the bytes brought back)
+_LAUNCH_KEYS = ("kernel_seconds", "copy_in_seconds", "copy_out_seconds", "callback_seconds",
+                "output_bytes")
+
+
+def _launch_seconds(backend) -> dict:
+    """The last sensitivity launch's own timings (empty on a backend that has none): with the
+    sources stage's seconds they split it into the kernel, the copies and the rest."""
+    from solver.backends.registry import resolve_backend
+
+    info = getattr(resolve_backend(backend), "last_sensitivity_info", None) or {}
+    return {k: info[k] for k in _LAUNCH_KEYS if k in info}
 
 
 def time_class(config, runs: int) -> list[float]:
@@ -229,7 +246,11 @@ def _gradients_report(args, config, backend) -> None:
     for r in runs:
         print(f"\nJacobian stages [s] (direction block {r['direction_block']}), run by run:")
         for i, st in enumerate(r["jacobian_stages_s"]):
-            print(f"  {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items()))
+            launch = r["sensitivity_launch"][i]
+            print(f"  {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items())
+                  + ("; the sources' sensitivity launch: " + ", ".join(
+                      f"{k.replace('_seconds', '')} {v:.3f}" if k != "output_bytes"
+                      else f"{v / 1e9:.2f} GB out" for k, v in launch.items()) if launch else ""))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_cl_gradients.json").write_text(json.dumps(result, indent=1,

@@ -264,6 +264,9 @@ def test_solve_diff_cuda_path_with_emulated_kernels():
         atol=1e-14, backend=EMULATED))(k[None])
     ys_d = solve_diff(ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, k[None],
                       rtol=1e-8, atol=1e-14, backend=EMULATED)
+    # the host callback reports its own seconds beside the launch's (what a caller's stage
+    # spends outside the callback is JAX moving operands and results)
+    assert EMULATED.last_sensitivity_info["callback_seconds"] > 0.0
     np.testing.assert_array_equal(ys, ys_joint)
     np.testing.assert_allclose(ys, ys_d, rtol=1e-6, atol=1e-14)
     assert not np.array_equal(ys, ys_d)     # other steps: not the plain solve's values
@@ -295,6 +298,11 @@ def test_solve_with_tangents_cuda_equals_jax():
         out[b] = jax.jit(lambda q, b=b: solve_with_tangents(
             ROBERTSON.rhs, y0, ts, q, dparams=dp, rtol=1e-8, atol=1e-14, backend=b))(k)
     (ys_j, dys_j), (ys_c, dys_c) = out["jax"], out["cuda"]
+    from solver.backends.registry import resolve_backend
+    launch = resolve_backend("cuda").last_sensitivity_info
+    assert launch["output_bytes"] >= np.asarray(dys_c).nbytes
+    assert min(launch["copy_in_seconds"], launch["copy_out_seconds"]) >= 0.0
+    assert launch["callback_seconds"] >= launch["kernel_seconds"] > 0.0
     assert np.max(np.abs(ys_c - ys_j) / np.abs(ys_j).max(axis=(0, 1))) <= 1e-8
     scale = np.abs(dys_j).max(axis=(1, 2), keepdims=True)
     assert np.max(np.abs(dys_c - dys_j) / scale) <= 1e-8

@@ -150,6 +150,7 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     first = plan.compile_s is None
     if kernel_cache is not None:
         launch, info = _cached_launch(plan, dev_in, kernel_cache, module_dir, blocks, tpb)
+        t_in = time.perf_counter()
         dev = [(DeviceBuffer.unwritten(x) if _OUTPUTS.start <= j < _OUTPUTS.stop
                 else DeviceBuffer(x)) if isinstance(x, np.ndarray) else x
                for j, x in enumerate(dev_in)]
@@ -157,7 +158,9 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
         kernel = plan.kernel(module_dir)
         launch = kernel[blocks, tpb]
         info = _numba_info(kernel, first)
+        t_in = time.perf_counter()
         dev = _numba_arrays(dev_in)
+    copy_in = time.perf_counter() - t_in
     info["kernel"] = "warp" if warp else "thread"
     t_launch = time.perf_counter()
     try:
@@ -178,10 +181,15 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
         plan.compile_s = elapsed if kernel_cache is None else info["compile_seconds"]
     # the padded directions (zero ones, the last rows of every per-direction output) stay on
     # the device where the buffers allow it
+    t_out = time.perf_counter()
     res = trim_directions({k: _to_host(d, None if k == "ys" else m)
                            for k, d in zip(_OUT_NAMES, dev[_OUTPUTS])}, m)
+    # the copies' seconds: with the kernel's, what a launch from the host costs beyond the
+    # solve (the sensitivities cross to the host here, and back to the device in the caller)
     info.update({"kernel_seconds": elapsed, "threads": blocks * tpb, "directions": m,
-                 "kernel_module": plan.module_path})
+                 "kernel_module": plan.module_path, "copy_in_seconds": copy_in,
+                 "copy_out_seconds": time.perf_counter() - t_out,
+                 "output_bytes": int(sum(np.asarray(v).nbytes for v in res.values()))})
     if warp:
         info["direction_warps"] = nw
     return SensitivitySolution(res["ys"], res["dys"], res["status"], res["t_out"],
