@@ -297,7 +297,7 @@ def test_solve_with_tangents_cuda_equals_jax():
     for b in ("jax", "cuda"):
         out[b] = jax.jit(lambda q, b=b: solve_with_tangents(
             ROBERTSON.rhs, y0, ts, q, dparams=dp, rtol=1e-8, atol=1e-14, backend=b))(k)
-    (ys_j, dys_j), (ys_c, dys_c) = out["jax"], out["cuda"]
+    (ys_j, dys_j), (ys_c, dys_c) = out["jax"], jax.block_until_ready(out["cuda"])
     from solver.backends.registry import resolve_backend
     launch = resolve_backend("cuda").last_sensitivity_info
     assert launch["output_bytes"] >= np.asarray(dys_c).nbytes
