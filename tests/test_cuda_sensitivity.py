@@ -259,9 +259,10 @@ def test_solve_diff_cuda_path_with_emulated_kernels():
     # values the direction-0 threads' states (joint_solve's, which equal solve_diff's plain
     # solve to the tolerance) and its derivatives joint_solve's
     dirs, dys_joint = _unit_param_directions(ROBERTSON.params[None]), dys
-    ys, dys = jax.jit(lambda q: solve_with_tangents(
+    EMULATED.last_sensitivity_info = None
+    ys, dys = jax.block_until_ready(jax.jit(lambda q: solve_with_tangents(
         ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, q, dparams=dirs, rtol=1e-8,
-        atol=1e-14, backend=EMULATED))(k[None])
+        atol=1e-14, backend=EMULATED))(k[None]))
     ys_d = solve_diff(ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, k[None],
                       rtol=1e-8, atol=1e-14, backend=EMULATED)
     # the host callback reports its own seconds beside the launch's (what a caller's stage
