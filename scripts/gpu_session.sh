@@ -39,7 +39,8 @@
 #              a fourth under -X importtime
 # Python writes its bytecode under $JOB/pycache (the image sets PYTHONDONTWRITEBYTECODE, which
 # would make every process compile every module it imports, unlike an installed package).
-#   tests      the -m gpu tests named in GPU_TESTS (verbose, so a step cut short still names what
+#   tests      the -m gpu tests named in GPU_TESTS (default: every GPU test file, five groups;
+#              verbose, so a step cut short still names what
 #              passed; TESTS_LIMIT seconds, default 420; groups separated by ';' run side by
 #              side, each to $JOB/tests<i>.txt)
 # Each step's output goes to $JOB/<step>.txt and its exit status to $JOB/log. Start it from the
@@ -179,7 +180,10 @@ for s in ${STEPS:-cb d first_run profile}; do
     tests)
         # groups separated by ';' run as parallel pytest processes (the host has 16 cores; the
         # tests mostly compile and run their JAX references there)
-        IFS=';' read -ra groups <<< "${GPU_TESTS:-tests/test_cuda_warp.py tests/test_cmb_gpu.py}"
+        # default: every GPU test file in five groups (four groups took up to 360 s each on an
+        # H100 host, the slowest two being test_cuda_backend + test_cuda_ffi and the warp,
+        # helper and cache files)
+        IFS=';' read -ra groups <<< "${GPU_TESTS:-tests/test_cuda_backend.py;tests/test_cuda_ffi.py tests/test_cuda_kernel_cache.py;tests/test_cuda_sensitivity.py;tests/test_cmb_gpu.py;tests/test_cuda_warp.py tests/test_kernel_helper.py tests/test_cuda_sens_cache.py}"
         i=0
         for g in "${groups[@]}"; do
             step tests$i "${TESTS_LIMIT:-420}" python -m pytest -o addopts="" -m gpu -v \
