@@ -500,8 +500,11 @@ def main(argv=None):
         SOLVER_BACKENDS["cuda"] = backend_for("cuda", settings)
     work: dict = {}
     report.data["args"] = {k: v for k, v in vars(args).items()}
+    #: XLA:CPU's pool size (None: JAX's own, a thread per CPU; runtime.ACCELERATOR_HOST_THREADS)
+    report.data["host_threads"] = settings.host_threads
     report.data["work"] = work
     environment(report)
+    report.print(f"XLA:CPU pool: {settings.host_threads or 'JAX’s own (a thread per CPU)'}")
     report.print(f"budget {args.budget:.0f} s (row limit {args.row_limit:.0f} s); warm = median "
                  "of repeated calls after the first (compilation excluded); GFLOP/s from the "
                  "operation count per step x steps taken (accepted + rejected) / warm time of "

@@ -62,7 +62,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
-    runtime.configure(runtime.Settings.from_environment())
+    settings = runtime.Settings.from_environment()
+    runtime.configure(settings)
     cfg = load_config(args.config)
     cosmos = ensemble.fiducial_ensemble(1, cfg)
 
@@ -71,7 +72,8 @@ def main() -> None:
 
     lines = [f"# profile_host {args.config}, backend {args.backend}: default device "
              f"{jax.devices()[0].device_kind}, host programs on "
-             f"{'the host CPU' if host_cpu() is not None else 'the default device'}", ""]
+             f"{'the host CPU' if host_cpu() is not None else 'the default device'}; XLA:CPU "
+             f"pool: {settings.host_threads or 'JAX’s own (a thread per CPU)'}", ""]
     t0 = time.perf_counter()
     one_pk()
     lines.append(f"first call {time.perf_counter() - t0:.1f} s")
