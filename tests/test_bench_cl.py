@@ -65,7 +65,10 @@ def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):
         return {"setup_s": 1.0, "parameters": parameters, "modes": 90, "samples": 400,
                 "value_s": [40.0, 4.0], "jacobian_s": [300.0, 50.0],
                 "direction_block": direction_block,
-                "jacobian_stages_s": [{"inputs": 1.0, "sources": 2.0, "spectra": 3.5}]}
+                "jacobian_stages_s": [{"inputs": 1.0, "sources": 2.0, "spectra": 3.5}],
+                "sensitivity_launch": [{"kernel_seconds": 0.5, "copy_in_seconds": 0.01,
+                                        "copy_out_seconds": 0.2, "callback_seconds": 0.8,
+                                        "output_bytes": 1.5e9}]}
 
     monkeypatch.setattr(bench, "time_gradients", fake)
     bench.main(["--config", str(REPO / "configs" / "planck_cl.yaml"), "--gradients",
@@ -80,6 +83,8 @@ def test_gradients_table_and_json(bench, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "| 3 | 40.00 / 4.00 | 300.00 / 50.00 | 12.50 |" in out
     assert "(direction block 3)" in out and "1: inputs 1.000, sources 2.000, spectra 3.500" in out
+    assert ("the sources' sensitivity launch: kernel 0.500, copy_in 0.010, copy_out 0.200, "
+            "callback 0.800, 1.50 GB out") in out
     data = json.loads((tmp_path / "bench_cl_gradients.json").read_text())
     assert data["gradients"]["modes"] == 90 and data["coarser"] == 2.0
     # several direction blocks: a ClFunction each, one row each, in the order given
