@@ -25,7 +25,8 @@ import jax
 
 __all__ = ["Settings", "CompileCounter", "configure", "use_float64", "require_float64",
            "default_cache_root", "clear_cache", "backend_for", "persistent_dir",
-           "size_host_pool", "accelerator_visible", "ACCELERATOR_HOST_THREADS"]
+           "size_host_pool", "accelerator_visible", "host_pool_description",
+           "ACCELERATOR_HOST_THREADS"]
 
 #: folder names under the cache root
 XLA_DIR = "xla"
@@ -186,6 +187,11 @@ def _gpu_device_nodes() -> list[str]:
     import glob
 
     return glob.glob("/dev/nvidia[0-9]*")
+
+
+def host_pool_description(host_threads: int | None) -> str:
+    """How a report names XLA:CPU's pool of ``Settings.host_threads``."""
+    return f"{host_threads} thread(s)" if host_threads else "JAX's own (a thread per CPU)"
 
 
 def accelerator_visible(environ: Mapping[str, str] = os.environ) -> bool:

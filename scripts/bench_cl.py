@@ -105,6 +105,15 @@ def _launch_seconds(backend) -> dict:
     return {k: info[k] for k in _LAUNCH_KEYS if k in info}
 
 
+def _launch_text(launch: dict) -> str:
+    """``_launch_seconds``'s dict as the tail of a stage line ("" when empty)."""
+    if not launch:
+        return ""
+    parts = [f"{v / 1e9:.2f} GB out" if k == "output_bytes"
+             else f"{k.removesuffix('_seconds')} {v:.3f}" for k, v in launch.items()]
+    return "; the sources' sensitivity launch: " + ", ".join(parts)
+
+
 def time_class(config, runs: int) -> list[float]:
     from classy import Class
 
@@ -246,11 +255,8 @@ def _gradients_report(args, config, backend) -> None:
     for r in runs:
         print(f"\nJacobian stages [s] (direction block {r['direction_block']}), run by run:")
         for i, st in enumerate(r["jacobian_stages_s"]):
-            launch = r["sensitivity_launch"][i]
             print(f"  {i + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in st.items())
-                  + ("; the sources' sensitivity launch: " + ", ".join(
-                      f"{k.replace('_seconds', '')} {v:.3f}" if k != "output_bytes"
-                      else f"{v / 1e9:.2f} GB out" for k, v in launch.items()) if launch else ""))
+                  + _launch_text(r["sensitivity_launch"][i]))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "bench_cl_gradients.json").write_text(json.dumps(result, indent=1,

@@ -492,7 +492,7 @@ def main(argv=None):
         args.cosmologies = [1, 2] if args.quick else [1, 16, 128, 1024]
     report = Report(args.out)
     budget = Budget(args.budget, args.row_limit)
-    from boltzmann.runtime import Settings, backend_for, configure
+    from boltzmann.runtime import Settings, backend_for, configure, host_pool_description
 
     settings = Settings.from_environment()
     configure(settings)  # float64, JAX's persistent compilation cache
@@ -504,7 +504,7 @@ def main(argv=None):
     report.data["host_threads"] = settings.host_threads
     report.data["work"] = work
     environment(report)
-    report.print(f"XLA:CPU pool: {settings.host_threads or 'JAX’s own (a thread per CPU)'}")
+    report.print(f"XLA:CPU pool: {host_pool_description(settings.host_threads)}")
     report.print(f"budget {args.budget:.0f} s (row limit {args.row_limit:.0f} s); warm = median "
                  "of repeated calls after the first (compilation excluded); GFLOP/s from the "
                  "operation count per step x steps taken (accepted + rejected) / warm time of "

@@ -62,6 +62,11 @@ step() {
     echo "=== $name rc=$? end $(date -u +%T)"
     tail -n 3 "$JOB/$name.txt"
 }
+# XLA:CPU's pool for the steps that compare sizes: "default" leaves BOLTZMANN_HOST_THREADS unset
+# (the code's choice), anything else ("all", a count) sets it
+use_pool() {
+    if [ "$1" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$1; fi
+}
 for s in ${STEPS:-cb d first_run profile}; do
     case $s in
     tables)
@@ -79,7 +84,7 @@ for s in ${STEPS:-cb d first_run profile}; do
             --repeats 7 ;;
     hostprof)
         for T in ${POOLS:-default all}; do
-            if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
+            use_pool "$T"
             step "hostprof_$T" 200 python scripts/profile_host.py --backend cuda --jacobian \
                 --repeat 10
         done
@@ -89,7 +94,7 @@ for s in ${STEPS:-cb d first_run profile}; do
         # thread on a GPU machine; "all": JAX's, a thread per CPU) against one P(k) and the
         # Jacobian, whose inputs run on the host: a process per size in POOLS, side by side
         for T in ${POOLS:-default all 4}; do
-            if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
+            use_pool "$T"
             step "pool_$T" 300 python scripts/bench_gpu.py --parts cd --backends cuda --budget 280 \
                 --row-limit 250 --grad-batch "${GRAD_BATCH:-16}" --out "$JOB/pool_$T"
         done
@@ -137,7 +142,7 @@ for s in ${STEPS:-cb d first_run profile}; do
         # on CUDA, empty cache, twice; once per XLA:CPU pool in FR_POOLS (default "default";
         # "all": JAX's pool), each on its own cache
         for T in ${FR_POOLS:-default}; do
-            if [ "$T" = default ]; then unset BOLTZMANN_HOST_THREADS; else export BOLTZMANN_HOST_THREADS=$T; fi
+            use_pool "$T"
             if [ "$s" = first_run ]; then
                 rm -rf "$CACHE.$T"
                 step "first_run_$T" 300 python scripts/bench_first_run.py --backend cuda \

@@ -73,7 +73,7 @@ def main() -> None:
     lines = [f"# profile_host {args.config}, backend {args.backend}: default device "
              f"{jax.devices()[0].device_kind}, host programs on "
              f"{'the host CPU' if host_cpu() is not None else 'the default device'}; XLA:CPU "
-             f"pool: {settings.host_threads or 'JAX’s own (a thread per CPU)'}", ""]
+             f"pool: {runtime.host_pool_description(settings.host_threads)}", ""]
     t0 = time.perf_counter()
     one_pk()
     lines.append(f"first call {time.perf_counter() - t0:.1f} s")
