@@ -200,7 +200,7 @@ class _FakeDriver:
     """libcuda's memory calls on host memory: what ``DeviceBuffer`` asks of the driver."""
 
     def __init__(self):
-        self.blocks, self.freed = {}, []
+        self.blocks, self.freed, self.copies2d = {}, [], []
 
     def cuCtxGetCurrent(self, ctx):
         ctypes.cast(ctx, ctypes.POINTER(ctypes.c_void_p))[0] = 0x1
@@ -219,6 +219,17 @@ class _FakeDriver:
 
     def cuMemcpyDtoH_v2(self, dst, src, size):
         ctypes.memmove(dst, src.value, size.value)
+        return 0
+
+    def cuMemcpy2D_v2(self, ref):
+        """Device to host only (as ``copy_columns_to_host`` asks): Height rows of
+        WidthInBytes, each side from its X offset and at its pitch."""
+        cp = ref._obj
+        assert (cp.srcMemoryType, cp.dstMemoryType) == (2, 1)
+        self.copies2d.append((cp.WidthInBytes, cp.Height))
+        for row in range(cp.Height):
+            ctypes.memmove(cp.dstHost + cp.dstXInBytes + row * cp.dstPitch,
+                           cp.srcDevice + cp.srcXInBytes + row * cp.srcPitch, cp.WidthInBytes)
         return 0
 
     def cuMemFree_v2(self, ptr):
@@ -245,6 +256,15 @@ def test_device_buffer_copies_through_the_driver(monkeypatch):
     np.testing.assert_array_equal(ints.copy_to_host(), [3, -1])
     empty = launch_cubin.DeviceBuffer(np.zeros((0, 5)))
     assert empty.copy_to_host().shape == (0, 5)
+    # some entries of the last axis, of the first rows: a strided copy per run of columns
+    wide = np.random.default_rng(0).normal(size=(3, 4, 5, 9))
+    cols = [0, 1, 2, 5, 7, 8]
+    assert launch_cubin.column_runs(cols) == [(0, 0, 3), (5, 3, 1), (7, 4, 2)]
+    part = launch_cubin.DeviceBuffer(wide).copy_columns_to_host(cols, leading=2)
+    np.testing.assert_array_equal(part, wide[:2][..., cols])
+    assert fake.copies2d == [(24, 40), (8, 40), (16, 40)]
+    with pytest.raises(ValueError, match="outside"):
+        launch_cubin.DeviceBuffer(wide).copy_columns_to_host([8, 9])
     ptr = buf.ptr
     buf.free()
     buf.free()

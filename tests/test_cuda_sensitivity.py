@@ -272,6 +272,12 @@ def test_solve_diff_cuda_path_with_emulated_kernels():
     np.testing.assert_allclose(ys, ys_d, rtol=1e-6, atol=1e-14)
     assert not np.array_equal(ys, ys_d)     # other steps: not the plain solve's values
     np.testing.assert_allclose(dys, dys_joint, rtol=1e-12, atol=1e-300)
+    # only some states' tangents: the same numbers, fewer of them
+    ys_some, some = jax.jit(lambda q: solve_with_tangents(
+        ROBERTSON.rhs, jnp.asarray(ROBERTSON.y0)[None], ROB_TS, q, dparams=dirs, rtol=1e-8,
+        atol=1e-14, backend=EMULATED, saved_states=(0, 2)))(k[None])
+    np.testing.assert_array_equal(some, np.asarray(dys)[..., [0, 2]])
+    np.testing.assert_array_equal(ys_some, np.asarray(ys)[..., [0, 2]])
 
 
 def test_cuda_backend_unavailable_is_clear():
@@ -307,6 +313,13 @@ def test_solve_with_tangents_cuda_equals_jax():
     assert np.max(np.abs(ys_c - ys_j) / np.abs(ys_j).max(axis=(0, 1))) <= 1e-8
     scale = np.abs(dys_j).max(axis=(1, 2), keepdims=True)
     assert np.max(np.abs(dys_c - dys_j) / scale) <= 1e-8
+    # some states' tangents: a strided device-to-host copy per run of states, the same numbers
+    ys_some, some = jax.block_until_ready(jax.jit(lambda q: solve_with_tangents(
+        ROBERTSON.rhs, y0, ts, q, dparams=dp, rtol=1e-8, atol=1e-14, backend="cuda",
+        saved_states=(0, 2)))(k))
+    assert resolve_backend("cuda").last_sensitivity_info["output_bytes"] < launch["output_bytes"]
+    np.testing.assert_array_equal(some, np.asarray(dys_c)[..., [0, 2]])
+    np.testing.assert_array_equal(ys_some, np.asarray(ys_c)[..., [0, 2]])
 
 
 @pytest.mark.gpu

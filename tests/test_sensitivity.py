@@ -144,7 +144,7 @@ class _PlainPlusTangentBackend(JaxBackend):
     """The JAX backend without a joint values-and-sensitivities solve (as the CUDA backend):
     ``solve_with_tangents`` must fall back to the plain solve and the tangent primitive."""
 
-    def solve_with_sensitivities(self, *args):
+    def solve_with_sensitivities(self, *args, **kwargs):
         return None
 
 
@@ -184,6 +184,29 @@ def test_solve_with_tangents_is_one_joint_loop_with_the_jvp_derivatives():
     np.testing.assert_allclose(dys_f, dys_j, rtol=1e-12, atol=1e-300)
     with pytest.raises(ValueError, match="at least one tangent"):
         solve_with_tangents(ROBERTSON.rhs, y0, ts, k, **tol)
+
+
+def test_saved_states_keep_only_those_states_of_dys():
+    """``saved_states``: ys and dys of the named states only, equal to those states of the full ones,
+    from the joint solve and from the fallback route (plain solve + tangent primitive); bad
+    index sets are refused."""
+    y0, k = ROBERTSON.y0[None], ROBERTSON.params[None]
+    ts = jnp.array([0.0, 1e-2, 1.0, 1e2])
+    tol = dict(rtol=1e-6, atol=1e-10)
+    dp = jnp.eye(3)[:, None, :] * k
+    ys, dys = solve_with_tangents(ROBERTSON.rhs, y0, ts, k, dparams=dp, **tol)
+    for backend in (None, _PlainPlusTangentBackend()):
+        kw = {} if backend is None else {"backend": backend}
+        ys_s, dys_s = solve_with_tangents(ROBERTSON.rhs, y0, ts, k, dparams=dp,
+                                          saved_states=[0, 2], **tol, **kw)
+        assert dys_s.shape == dys.shape[:-1] + (2,)
+        np.testing.assert_allclose(dys_s, np.asarray(dys)[..., [0, 2]], rtol=1e-9, atol=1e-300)
+        # the joint solve's own y, or (fallback) the plain solve's: equal to the tolerance
+        assert ys_s.shape == ys.shape[:-1] + (2,)
+        assert np.max(np.abs(ys_s - np.asarray(ys)[..., [0, 2]])) <= 1e-5
+    for bad in ([], [2, 0], [1, 1], [3], [-1]):
+        with pytest.raises(ValueError, match="saved_states"):
+            solve_with_tangents(ROBERTSON.rhs, y0, ts, k, dparams=dp, saved_states=bad, **tol)
 
 
 # --- the exact joint Jacobian keeps step counts near the plain solve's ------------------------

@@ -12,7 +12,8 @@ The derivative is of the whole chain, each arrow traced::
         τ, e^{-κ}, g at the source samples; τ0; τ_rec           (``_inputs``)
       → per group of modes: ``solver.solve_with_tangents`` (the states and their tangents
         at the samples in one joint solve, one direction per parameter but the primordial
-        A_s, n_s, which leave the solve's inputs unchanged: ``ParameterMap.solve_directions``)
+        A_s, n_s, which leave the solve's inputs unchanged: ``ParameterMap.solve_directions``;
+        the tangents of only the states the sources read, ``source_states``)
         → the sources and their tangents (the jvp of the source program) (``_sources_jvp``)
       → line of sight, k integral, Limber, ℓ spline, lensing: their jvp, a block of
         directions at a time                                     (``_spectra_jvp``)
@@ -57,6 +58,7 @@ from .bessel import BesselTable
 from .lensing import (WignerTables, default_n_beta, input_l_max, lensed_spectra,
                       resolve_method)
 from .line_of_sight import transfer_functions
+from .source_states import states_read
 from .sampling import ClSampling, transfer_wavenumbers, transfer_window
 from .sources import (SourceGrid, error_weights, evaluate_sources, source_background,
                       source_plan, source_program)
@@ -160,6 +162,7 @@ class ClFunction:
         self._launches = plan.launches(backend)
         self._weight_rows = plan.error_weight_rows(self.model)
         self._program = source_program(self.model)
+        self._read = None
         self._jit_inputs = jax.jit(self._inputs)
         #: run θ → inputs (and their tangents) on the host CPU when the default device is an
         #: accelerator, as ``PowerSpectrumFunction`` does: the tables' sequential scan runs at
@@ -218,11 +221,19 @@ class ClFunction:
                      chunk: int):
         """Chunk ``chunk`` of the modes: the joint solve and the sources' jvp, (sources,
         tangents (m, …))."""
+        read = self._states_read(rows.shape[1:], table.shape)
         ys, dys = solve_with_tangents(
             self.model.rhs, y0, self.plan.x, rows, dy0=dy0, dparams=drows, dargs=dtable,
             args=table, t0=x0, rtol=self.rtol, atol=self.atol,
             error_weights=self._chunk_weights(chunk), max_steps=self.max_steps,
-            backend=self.backend, sensitivity_error_control=self.sensitivity_error_control)
+            backend=self.backend, sensitivity_error_control=self.sensitivity_error_control,
+            saved_states=read)
+        # the sources do not read the other states: zeros stand in for them
+
+        def every_state(a):
+            return jnp.zeros(a.shape[:-1] + (self.model.n,), a.dtype).at[..., read].set(a)
+
+        ys, dys = every_state(ys), every_state(dys)
 
         def tangent(dy, dr, dt, db):
             return jax.jvp(lambda a, b, c, d: self._sources(a, b, c, d, streaming),
@@ -230,6 +241,12 @@ class ClFunction:
 
         values, tangents = jax.vmap(tangent, out_axes=(None, 0))(dys, drows, dtable, dbg)
         return values, tangents
+
+    def _states_read(self, p_shape, tab_shape) -> np.ndarray:
+        """The states whose tangents the sources read (``source_states``), found once."""
+        if self._read is None:
+            self._read = states_read(self.model, p_shape, tab_shape)
+        return self._read
 
     def _source_grid(self, srcs, bg):
         plan = self.plan

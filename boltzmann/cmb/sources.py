@@ -125,30 +125,38 @@ def _sound_horizon(rows, model, tau, x):
     return float(np.sum(0.5 * (cs[1:] + cs[:-1]) * np.diff(tau)) + tau[0] * cs[0])
 
 
+def source_terms(model, y, x, p, tab, exp_mk, g, tau, tau0, tau_rec, streaming):
+    """(S_0, S_1, S_2, S_E, S_φ) of one mode at one time: the states y (an (n,) array, or a
+    tuple of n scalars, as ``source_states`` traces it) at x = ln a, the mode's parameter row p,
+    given e^{-κ}, g, τ, τ0, τ_*, streaming."""
+    obs = model.observables(y, x, p, tab)
+    k = p[model.param_index("k")]
+
+    def phi_psi(yy, xx):
+        o = model.observables(yy, xx, p, tab)
+        return o["phi"] + o["psi"]
+
+    rates = model.rhs(y, x, p, tab)
+    dy = tuple(jnp.asarray(r, jnp.float64) for r in rates) if isinstance(y, tuple) \
+        else jnp.stack(rates)
+    pp, dpp_dx = jax.jvp(phi_psi, (y, x), (dy, jnp.ones_like(x)))
+    dpp = dpp_dx * obs["conformal_hubble"]
+    pi = jnp.where(streaming, 0.0, obs["Pi_g"])
+    sw = jnp.where(streaming, 0.0, 0.25 * obs["d_g"] + obs["alpha_prime"])
+    t0 = g * (sw + pi / 16.0) + exp_mk * dpp
+    t1 = g * (obs["t_b"] / k + k * obs["alpha"])
+    t2 = 0.1875 * g * pi
+    chi = tau0 - tau
+    w = jnp.where((tau > tau_rec) & (chi > 0), -(tau - tau_rec) / (jnp.where(
+        chi > 0, chi, 1.0) * (tau0 - tau_rec)), 0.0)
+    return t0, t1, t2, t2, pp * w
+
+
 def _source_program(model):
     """(K·S)-vectorised sources of states y at (x, p), given e^{-κ}, g, τ, τ0, τ_*, streaming."""
-    ik = model.param_index("k")
 
-    def one(y, x, p, tab, exp_mk, g, tau, tau0, tau_rec, streaming):
-        obs = model.observables(y, x, p, tab)
-        k = p[ik]
-
-        def phi_psi(yy, xx):
-            o = model.observables(yy, xx, p, tab)
-            return o["phi"] + o["psi"]
-
-        dy = jnp.stack(model.rhs(y, x, p, tab))
-        pp, dpp_dx = jax.jvp(phi_psi, (y, x), (dy, jnp.ones_like(x)))
-        dpp = dpp_dx * obs["conformal_hubble"]
-        pi = jnp.where(streaming, 0.0, obs["Pi_g"])
-        sw = jnp.where(streaming, 0.0, 0.25 * obs["d_g"] + obs["alpha_prime"])
-        t0 = g * (sw + pi / 16.0) + exp_mk * dpp
-        t1 = g * (obs["t_b"] / k + k * obs["alpha"])
-        t2 = 0.1875 * g * pi
-        chi = tau0 - tau
-        w = jnp.where((tau > tau_rec) & (chi > 0), -(tau - tau_rec) / (jnp.where(
-            chi > 0, chi, 1.0) * (tau0 - tau_rec)), 0.0)
-        return t0, t1, t2, t2, pp * w
+    def one(*a):
+        return source_terms(model, *a)
 
     per_time = jax.vmap(one, in_axes=(0, 0, None, None, 0, 0, 0, None, None, 0))
     return jax.jit(jax.vmap(per_time, in_axes=(0, None, 0, None, None, None, None, None, None, 0)))

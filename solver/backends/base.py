@@ -53,10 +53,11 @@ class Backend(abc.ABC):
         ``n_accepted`` and ``n_rejected`` per trajectory)."""
 
     def solve_with_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp,
-                                 dargs):
+                                 dargs, states=None):
         """(ys (N, n_save, n), dys (m, N, n_save, n)) from one traced solve, or None where the
         backend has no such solve (then ``solver.solve_with_tangents`` runs the plain solve and
-        ``solve_sensitivities``)."""
+        ``solve_sensitivities``). ``states`` (increasing indices; None: all): ys and dys hold
+        only those states (last axis len(states))."""
         return None
 
     def __repr__(self) -> str:

@@ -164,10 +164,17 @@ def _explicit_directions(caller, rhs, y0, t_save, params, args, dy0, dparams, da
 def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=None,
                         dargs=None, args=None, rtol: float = 1e-6, atol=1e-9, t0=None,
                         t_end=None, error_weights=None, sensitivity_error_control: bool | float = True,
-                        sensitivity_atol=None, max_steps: int = 100_000, **solve_kwargs):
+                        sensitivity_atol=None, max_steps: int = 100_000, saved_states=None,
+                        **solve_kwargs):
     """Traceable values and directional derivatives of the solve: ``(ys, dys)``, ys (N, ns, n)
     and dys (m, N, ns, n) along the tangents dy0 (m, N, n), dparams (m, N, P), dargs (args' tree
     with a leading m on each leaf); any may be None.
+
+    ``saved_states`` (state indices; None: all): ys and dys of those states only, (N, ns, k)
+    and (m, N, ns, k), in increasing index order. Every state is still integrated; a caller
+    that reads a few states at many save times (the CMB sources) so avoids moving the rest: on
+    the CUDA backend the results cross from the GPU to the host and back, and only the kept
+    states are copied.
 
     ``jax.vmap`` of ``jax.jvp`` of :func:`solve_diff` gives the same derivatives, but its values
     come from a separate plain solve: two integration loops in the compiled program. Here, on
@@ -181,7 +188,8 @@ def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=
         "solve_with_tangents", rhs, y0, t_save, params, args, dy0, dparams, dargs, rtol, atol,
         t0, t_end, error_weights, sensitivity_atol, sensitivity_error_control, max_steps,
         solve_kwargs)
-    both = cfg.backend.solve_with_sensitivities(cfg, mask, *ops, *tans)
+    states = _state_indices(saved_states, cfg.n)
+    both = cfg.backend.solve_with_sensitivities(cfg, mask, *ops, *tans, states=states)
     if both is not None:
         return both
     y0, params, leaves, ts, t0a, tea = ops
@@ -189,7 +197,21 @@ def solve_with_tangents(rhs: Callable, y0, t_save, params, *, dy0=None, dparams=
     present = [t for t in tans[:2] if t is not None] + list(tans[2])
     dys = sensitivity_tangent_p.bind(y0, params, *leaves, ts, t0a, tea, *present, cfg=cfg,
                                      mask=mask)
-    return ys, dys
+    if states is None:
+        return ys, dys
+    keep = jnp.asarray(states)
+    return ys[..., keep], dys[..., keep]
+
+
+def _state_indices(states, n: int):
+    """``saved_states`` as a tuple of increasing distinct indices in [0, n) (None: all)."""
+    if states is None:
+        return None
+    idx = [int(i) for i in states]
+    if not idx or any(b <= a for a, b in zip(idx, idx[1:])) or idx[0] < 0 or idx[-1] >= n:
+        raise ValueError(f"saved_states must be increasing distinct state indices in "
+                         f"[0, {n}), at least one; got {list(states)}")
+    return tuple(idx)
 
 
 def grad_by_forward_mode(fun: Callable) -> Callable:

@@ -153,13 +153,20 @@ class CudaBackend(Backend):
         return run(rhs, inp, args, spec.sparsity, spec.max_steps, spec.ctrl, spec.tableau,
                    self.module_dir, self.kernel)
 
-    def _sens_host(self, *a, **kw):
+    def _sens_host(self, *a, saved_states=None, **kw):
+        """The sensitivity kernel's ``SensitivitySolution``, ys and dys of the states
+        ``saved_states`` only (all with None): on the GPU only those cross to the host."""
         if self.emulated:
-            return sensitivity_emulated(*a, module_dir=self.module_dir, kernel_kind=self.kernel,
-                                        dir_warps=self.direction_warps, **kw)
+            sol = sensitivity_emulated(*a, module_dir=self.module_dir, kernel_kind=self.kernel,
+                                       dir_warps=self.direction_warps, **kw)
+            if saved_states is not None:
+                keep = list(saved_states)
+                sol.ys = np.ascontiguousarray(np.asarray(sol.ys)[..., keep])
+                sol.dys = np.ascontiguousarray(np.asarray(sol.dys)[..., keep])
+            return sol
         return solve_sensitivities(*a, module_dir=self.module_dir,
                                    kernel_cache=self.kernel_cache, kernel_kind=self.kernel,
-                                   dir_warps=self.direction_warps, **kw)
+                                   dir_warps=self.direction_warps, saved_states=saved_states, **kw)
 
     def solve_ys(self, spec, y0, params, args, ts, t0, te):
         """The plain kernel inside a JAX program: the XLA FFI custom call when ``use_ffi()``
@@ -196,17 +203,19 @@ class CudaBackend(Backend):
                                           with_ys=False)
 
     def solve_with_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp,
-                                 dargs):
+                                 dargs, states=None):
         """(ys (N, ns, n), dys (m, N, ns, n)) from one sensitivity-kernel launch: the states of
         each trajectory's direction-0 thread, whose steps also control that direction's
         sensitivity (so ys equals the plain solve's to the tolerance, as the JAX backend's joint
         solve gives it), NaN where ``dys`` is. No plain solve runs beside it: a Jacobian then
-        neither launches nor, in a first process, compiles the plain kernel of its model."""
+        neither launches nor, in a first process, compiles the plain kernel of its model.
+        ``states``: ys and dys of those states only (the host copies and the results shrink
+        with them)."""
         return self._sensitivity_callback(spec, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
-                                          with_ys=True)
+                                          with_ys=True, states=states)
 
     def _sensitivity_callback(self, spec, y0, params, leaves, ts, t0, te, dy0, dp, dargs, *,
-                              with_ys):
+                              with_ys, states=None):
         import jax
         import jax.numpy as jnp
 
@@ -228,7 +237,8 @@ class CudaBackend(Backend):
                 rtol=spec.rtol, atol=spec.atol, sensitivity_atol=spec.sens_atol,
                 sensitivity_error_control=spec.sec, t0=t0, t_end=te, sparsity=spec.sparsity,
                 error_weights=spec.weights, max_steps=spec.max_steps,
-                first_step=spec.first_step, controller=spec.ctrl, tableau=spec.tableau)
+                first_step=spec.first_step, controller=spec.ctrl, tableau=spec.tableau,
+                saved_states=states)
             out = (sol.ys_or_nan(), sol.dys_or_nan()) if with_ys else sol.dys_or_nan()
             # the callback's own wall seconds (launch, copies, NaN marks): the rest of a
             # caller's stage is JAX moving the operands here and the result back
@@ -236,8 +246,9 @@ class CudaBackend(Backend):
                 "callback_seconds": time.perf_counter() - t_host}
             return out
 
-        dys_shape = jax.ShapeDtypeStruct((m, N, ns, n), jnp.float64)
-        shapes = (jax.ShapeDtypeStruct((N, ns, n), jnp.float64), dys_shape) if with_ys \
+        dys_shape = jax.ShapeDtypeStruct((m, N, ns, n if states is None else len(states)),
+                                         jnp.float64)
+        shapes = (jax.ShapeDtypeStruct(dys_shape.shape[1:], jnp.float64), dys_shape) if with_ys \
             else dys_shape
         return jax.pure_callback(host, shapes, *ops, vmap_method="sequential")
 

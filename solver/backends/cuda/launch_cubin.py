@@ -24,7 +24,8 @@ import numpy as np
 
 from .toolchain import CudaBackendUnavailable
 
-__all__ = ["CubinFunction", "DeviceBuffer", "pack_parameters", "parameter_count", "DriverError"]
+__all__ = ["CubinFunction", "DeviceBuffer", "pack_parameters", "parameter_count", "DriverError",
+           "column_runs"]
 
 
 class DriverError(RuntimeError):
@@ -56,6 +57,37 @@ def _check(rc: int, call: str) -> None:
     drv.cuGetErrorString(rc, ctypes.byref(text))
     raise DriverError(f"{call} failed: {(name.value or b'?').decode()} ({rc}): "
                       f"{(text.value or b'').decode()}")
+
+
+class _Memcpy2D(ctypes.Structure):
+    """The driver's CUDA_MEMCPY2D (cuda.h): a copy of ``Height`` rows of ``WidthInBytes``
+    bytes, each side with its own pitch."""
+    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t),
+                ("srcMemoryType", ctypes.c_int), ("srcHost", ctypes.c_void_p),
+                ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+                ("srcPitch", ctypes.c_size_t),
+                ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
+                ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p),
+                ("dstDevice", ctypes.c_uint64), ("dstArray", ctypes.c_void_p),
+                ("dstPitch", ctypes.c_size_t),
+                ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
+
+
+_HOST_MEMORY, _DEVICE_MEMORY = 1, 2     # CUmemorytype
+
+
+def column_runs(columns) -> list[tuple[int, int, int]]:
+    """(first column, first position in the output, count) of each run of consecutive entries
+    of ``columns`` (increasing indices): one strided copy per run."""
+    cols = [int(c) for c in columns]
+    runs: list[tuple[int, int, int]] = []
+    for pos, c in enumerate(cols):
+        if runs and c == runs[-1][0] + runs[-1][2]:
+            first, at, count = runs[-1]
+            runs[-1] = (first, at, count + 1)
+        else:
+            runs.append((c, pos, 1))
+    return runs
 
 
 def _current_context() -> ctypes.c_void_p:
@@ -116,6 +148,29 @@ class DeviceBuffer:
             _check(_driver().cuMemcpyDtoH_v2(out.ctypes.data_as(ctypes.c_void_p),
                                              ctypes.c_uint64(self.ptr),
                                              ctypes.c_size_t(out.nbytes)), "cuMemcpyDtoH")
+        return out
+
+    def copy_columns_to_host(self, columns, leading: int | None = None) -> np.ndarray:
+        """The buffer's entries at ``columns`` (increasing indices into its last axis) on the
+        host, shape (…, len(columns)); ``leading`` as for ``copy_to_host``. Only those bytes
+        cross the bus: one strided copy (``cuMemcpy2D``) per run of consecutive columns, the
+        rows being every index of the other axes."""
+        shape = self.shape if leading is None else (int(leading),) + tuple(self.shape[1:])
+        n, itemsize = int(shape[-1]), self.dtype.itemsize
+        out = np.empty(tuple(shape[:-1]) + (len(columns),), self.dtype)
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        if not out.nbytes:
+            return out
+        drv = _driver()
+        for first, at, count in column_runs(columns):
+            if first < 0 or first + count > n:
+                raise ValueError(f"columns {first}..{first + count - 1} outside 0..{n - 1}")
+            cp = _Memcpy2D(srcXInBytes=first * itemsize, srcMemoryType=_DEVICE_MEMORY,
+                           srcDevice=self.ptr, srcPitch=n * itemsize,
+                           dstXInBytes=at * itemsize, dstMemoryType=_HOST_MEMORY,
+                           dstHost=out.ctypes.data, dstPitch=out.shape[-1] * itemsize,
+                           WidthInBytes=count * itemsize, Height=rows)
+            _check(drv.cuMemcpy2D_v2(ctypes.byref(cp)), "cuMemcpy2D")
         return out
 
     def free(self) -> None:

@@ -101,7 +101,7 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
                         sensitivity_error_control=True, t0=None, t_end=None, sparsity=None,
                         error_weights=None, max_steps=100_000, first_step=None, controller=None,
                         tableau=RODAS5P, module_dir=None, kernel_cache=None, kernel_kind="auto",
-                        dir_warps=None):
+                        dir_warps=None, saved_states=None):
     """Forward sensitivities on the GPU: the warp sensitivity kernel where ``choose_kernel``
     picks it -- a block per (trajectory, group of nw directions), a warp per direction, nw =
     ``inputs.direction_warps`` of m and the plan's ``dir_warps`` (``dir_warps`` caps it), the
@@ -113,7 +113,12 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     With a ``kernel_cache`` (``KernelCache``) the kernel's image comes from it -- compiled and
     stored on a miss -- and is launched through the driver on driver-allocated arrays
     (``launch_cubin``), so a later process neither compiles it nor imports numba-cuda-mlir;
-    without one, numba-cuda-mlir compiles and launches it."""
+    without one, numba-cuda-mlir compiles and launches it.
+
+    ``saved_states`` (increasing state indices, default all): the returned ys and dys hold only
+    those states (last axis len(saved_states)); the kernel still integrates every state, but
+    only the kept ones are copied to the host (a strided copy per run of consecutive
+    indices)."""
     table_split_of(rhs, args)
     inp = sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
@@ -182,7 +187,8 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
     # the padded directions (zero ones, the last rows of every per-direction output) stay on
     # the device where the buffers allow it
     t_out = time.perf_counter()
-    res = trim_directions({k: _to_host(d, None if k == "ys" else m)
+    res = trim_directions({k: _to_host(d, None if k == "ys" else m,
+                                       saved_states if k in ("ys", "dys") else None)
                            for k, d in zip(_OUT_NAMES, dev[_OUTPUTS])}, m)
     # the copies' seconds: with the kernel's, what a launch from the host costs beyond the
     # solve (the sensitivities cross to the host here, and back to the device in the caller)
@@ -203,12 +209,15 @@ _OUTPUTS = slice(SENS_KERNEL_ARGS.index(_OUT_NAMES[0]), SENS_KERNEL_ARGS.index(_
 _N_TRAJ = SENS_KERNEL_ARGS.index("n_traj")
 
 
-def _to_host(buffer, leading):
+def _to_host(buffer, leading, columns=None):
     """A device output on the host: a ``DeviceBuffer``'s first ``leading`` rows (all with
-    None), numba's array whole."""
+    None), numba's array whole; ``columns``: only those entries of the last axis."""
     if isinstance(buffer, DeviceBuffer):
+        if columns is not None:
+            return buffer.copy_columns_to_host(columns, leading)
         return buffer.copy_to_host(leading)
-    return buffer.copy_to_host()
+    host = buffer.copy_to_host()
+    return host if columns is None else np.ascontiguousarray(host[..., list(columns)])
 
 
 def _numba_arrays(values) -> list:

@@ -61,12 +61,16 @@ class JaxBackend(Backend):
         return jnp.moveaxis(res.ys[:, :, n:].reshape(N, ns, m, n), 2, 0)
 
     def solve_with_sensitivities(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp,
-                                 dargs):
+                                 dargs, states=None):
         """The joint solve's own y beside the sensitivities: no separate plain solve."""
         res, m = joint_run(spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
                            self.stats, self.lanes)
         N, ns, n = y0.shape[0], res.ys.shape[1], spec.n
-        return res.ys[:, :, :n], jnp.moveaxis(res.ys[:, :, n:].reshape(N, ns, m, n), 2, 0)
+        dys = jnp.moveaxis(res.ys[:, :, n:].reshape(N, ns, m, n), 2, 0)
+        ys = res.ys[:, :, :n]
+        if states is None:
+            return ys, dys
+        return ys[..., np.asarray(states)], dys[..., np.asarray(states)]
 
     def joint_solve(self, spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs):
         res, m = joint_run(spec, mask, y0, params, leaves, ts, t0, te, dy0, dp, dargs,
