@@ -296,12 +296,27 @@ class ClFunction:
         S = self._map.solve_directions
         m = jax.tree_util.tree_leaves(dprim)[0].shape[0]
         spectra = functools.partial(self._spectra, table_args=table_args)
-        tr = self._transfers(srcs, bg, table_args)
-        values = self._from_transfers(tr, srcs, bg, prim, table_args)
         tangents = (dsrcs, dbg, jax.tree_util.tree_map(lambda t: t[S], dprim))
         b = min(self.direction_block, S.size)
         n_blocks = -(-S.size // b)
         pad = n_blocks * b - S.size
+        if n_blocks == 1:
+            # one pass: the values and the transfer functions are its primal (a separate value
+            # call would run the line of sight a second time)
+            traced = {}
+
+            def with_transfers(s, g, p):
+                tr = traced["tr"] = self._transfers(s, g, table_args)
+                return self._from_transfers(tr, s, g, p, table_args), (tr.T, tr.E, tr.P)
+
+            (values, (T, E, P)), (jac, _) = jax.vmap(
+                lambda s, g, p: jax.jvp(with_transfers, (srcs, bg, prim), (s, g, p)),
+                out_axes=((None, None), 0))(*tangents)
+            tr = dataclasses.replace(traced["tr"], T=T, E=E, P=P)   # its grids with the values
+            return self._with_primordial(jac, S, m, tr, srcs, bg, prim, dprim, table_args,
+                                         values)
+        tr = self._transfers(srcs, bg, table_args)
+        values = self._from_transfers(tr, srcs, bg, prim, table_args)
 
         def blocked(t):
             t = jnp.concatenate([t, jnp.zeros((pad,) + t.shape[1:], t.dtype)]) if pad else t
@@ -314,6 +329,12 @@ class ClFunction:
         out = jax.lax.map(block, jax.tree_util.tree_map(blocked, tangents))
         jac = jax.tree_util.tree_map(lambda t: t.reshape((n_blocks * b,) + t.shape[2:])[:S.size],
                                      out)
+        return self._with_primordial(jac, S, m, tr, srcs, bg, prim, dprim, table_args, values)
+
+    def _with_primordial(self, jac, S, m, tr, srcs, bg, prim, dprim, table_args, values):
+        """(values, ∂outputs with the direction axis last): the solve's directions' ``jac``
+        (S.size, …) widened to all m, the primordial parameters' added from the transfer
+        functions ``tr`` on."""
         jac = widen(jac, S, m)
         rest = np.setdiff1d(np.arange(m), S)
         if rest.size:
