@@ -221,14 +221,18 @@ class _FakeDriver:
         ctypes.memmove(dst, src.value, size.value)
         return 0
 
+    def cuMemsetD8_v2(self, ptr, value, size):
+        ctypes.memset(ptr.value, value.value, size.value)
+        return 0
+
     def cuMemcpy2D_v2(self, ref):
-        """Device to host only (as ``copy_columns_to_host`` asks): Height rows of
+        """Device to device only (as ``copy_columns_to_host`` asks): Height rows of
         WidthInBytes, each side from its X offset and at its pitch."""
         cp = ref._obj
-        assert (cp.srcMemoryType, cp.dstMemoryType) == (2, 1)
+        assert (cp.srcMemoryType, cp.dstMemoryType) == (2, 2)
         self.copies2d.append((cp.WidthInBytes, cp.Height))
         for row in range(cp.Height):
-            ctypes.memmove(cp.dstHost + cp.dstXInBytes + row * cp.dstPitch,
+            ctypes.memmove(cp.dstDevice + cp.dstXInBytes + row * cp.dstPitch,
                            cp.srcDevice + cp.srcXInBytes + row * cp.srcPitch, cp.WidthInBytes)
         return 0
 
@@ -263,6 +267,8 @@ def test_device_buffer_copies_through_the_driver(monkeypatch):
     part = launch_cubin.DeviceBuffer(wide).copy_columns_to_host(cols, leading=2)
     np.testing.assert_array_equal(part, wide[:2][..., cols])
     assert fake.copies2d == [(24, 40), (8, 40), (16, 40)]
+    # gathered on the device into a compact buffer (the last allocation), then released
+    assert list(fake.blocks)[-1] in fake.freed
     with pytest.raises(ValueError, match="outside"):
         launch_cubin.DeviceBuffer(wide).copy_columns_to_host([8, 9])
     ptr = buf.ptr
