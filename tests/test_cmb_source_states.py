@@ -29,7 +29,7 @@ def _read_names(config: str, *, de_at_lambda=None) -> tuple[list[str], int]:
     grid = modes.make_grid(cfg.precision)
     table = jax.eval_shape(lambda c: jax.vmap(lambda x: tables_one(x, grid, model)[0])(c),
                            one(pmap.cosmo0))
-    idx = states_read(model, (len(model.param_names),), table.shape)
+    idx = states_read(model, table.shape)
     return [model.state_names[i] for i in idx], model.n
 
 

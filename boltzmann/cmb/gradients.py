@@ -162,7 +162,8 @@ class ClFunction:
         self._launches = plan.launches(backend)
         self._weight_rows = plan.error_weight_rows(self.model)
         self._program = source_program(self.model)
-        self._read = None
+        #: the states the sources read: the Jacobian's solves keep only theirs
+        self._read = states_read(self.model, table.shape)
         self._jit_inputs = jax.jit(self._inputs)
         #: run θ → inputs (and their tangents) on the host CPU when the default device is an
         #: accelerator, as ``PowerSpectrumFunction`` does: the tables' sequential scan runs at
@@ -221,7 +222,7 @@ class ClFunction:
                      chunk: int):
         """Chunk ``chunk`` of the modes: the joint solve and the sources' jvp, (sources,
         tangents (m, …))."""
-        read = self._states_read(rows.shape[1:], table.shape)
+        read = self._read
         ys, dys = solve_with_tangents(
             self.model.rhs, y0, self.plan.x, rows, dy0=dy0, dparams=drows, dargs=dtable,
             args=table, t0=x0, rtol=self.rtol, atol=self.atol,
@@ -241,12 +242,6 @@ class ClFunction:
 
         values, tangents = jax.vmap(tangent, out_axes=(None, 0))(dys, drows, dtable, dbg)
         return values, tangents
-
-    def _states_read(self, p_shape, tab_shape) -> np.ndarray:
-        """The states whose tangents the sources read (``source_states``), found once."""
-        if self._read is None:
-            self._read = states_read(self.model, p_shape, tab_shape)
-        return self._read
 
     def _source_grid(self, srcs, bg):
         plan = self.plan

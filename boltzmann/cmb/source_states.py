@@ -26,10 +26,10 @@ from .sources import source_terms
 __all__ = ["states_read", "output_dependence"]
 
 
-def states_read(model, p_shape, tab_shape) -> np.ndarray:
+def states_read(model, tab_shape) -> np.ndarray:
     """Increasing indices of the states of ``model`` the sources of a mode read (module
-    docstring); ``p_shape``, ``tab_shape``: the shapes of a mode's parameter row and of the
-    table the source program takes (only their shapes are traced)."""
+    docstring); ``tab_shape``: the shape of the table the source program takes (only shapes
+    are traced; a mode's parameter row has one entry per ``model.param_names``)."""
     f64 = jnp.float64
     scalar = jax.ShapeDtypeStruct((), f64)
     n = int(model.n)
@@ -39,7 +39,7 @@ def states_read(model, p_shape, tab_shape) -> np.ndarray:
                             streaming)
 
     closed = jax.make_jaxpr(sources)(
-        [scalar] * n, scalar, jax.ShapeDtypeStruct(tuple(p_shape), f64),
+        [scalar] * n, scalar, jax.ShapeDtypeStruct((len(model.param_names),), f64),
         jax.ShapeDtypeStruct(tuple(tab_shape), f64), scalar, scalar, scalar, scalar, scalar,
         jax.ShapeDtypeStruct((), jnp.bool_))
     n_in = len(closed.jaxpr.invars)

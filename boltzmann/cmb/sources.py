@@ -28,6 +28,7 @@ radiation-streaming approximation makes the same replacement).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -154,10 +155,7 @@ def source_terms(model, y, x, p, tab, exp_mk, g, tau, tau0, tau_rec, streaming):
 
 def _source_program(model):
     """(K·S)-vectorised sources of states y at (x, p), given e^{-κ}, g, τ, τ0, τ_*, streaming."""
-
-    def one(*a):
-        return source_terms(model, *a)
-
+    one = functools.partial(source_terms, model)
     per_time = jax.vmap(one, in_axes=(0, 0, None, None, 0, 0, 0, None, None, 0))
     return jax.jit(jax.vmap(per_time, in_axes=(0, None, 0, None, None, None, None, None, None, 0)))
 

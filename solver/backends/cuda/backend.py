@@ -32,6 +32,7 @@ from .kernel_cache import KernelCache
 from .launch_ffi import FfiLauncher
 from .launch_numba import solve_numba, solve_sensitivities
 from .modules import scratch_dir
+from .results import keep_states
 from .tables import check_args_structure, table_split_of
 from .toolchain import check_cuda_packages, cuda_modules
 
@@ -159,10 +160,8 @@ class CudaBackend(Backend):
         if self.emulated:
             sol = sensitivity_emulated(*a, module_dir=self.module_dir, kernel_kind=self.kernel,
                                        dir_warps=self.direction_warps, **kw)
-            if saved_states is not None:
-                keep = list(saved_states)
-                sol.ys = np.ascontiguousarray(np.asarray(sol.ys)[..., keep])
-                sol.dys = np.ascontiguousarray(np.asarray(sol.dys)[..., keep])
+            sol.ys = keep_states(sol.ys, saved_states)
+            sol.dys = keep_states(sol.dys, saved_states)
             return sol
         return solve_sensitivities(*a, module_dir=self.module_dir,
                                    kernel_cache=self.kernel_cache, kernel_kind=self.kernel,

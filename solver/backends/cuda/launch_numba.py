@@ -19,7 +19,7 @@ from .launch_cubin import CubinFunction, DeviceBuffer, DriverError, parameter_co
 from .inputs import (check_lookup_p, pad_directions, sens_call_args, sens_inputs, sens_outputs,
                      trim_directions)
 from .plan import build_plan, build_sens_plan, check_plan_split
-from .results import SensitivitySolution, kernel_solution
+from .results import SensitivitySolution, keep_states, kernel_solution
 from .tables import args_array, table_split_of
 from .toolchain import THREADS_PER_BLOCK, check_cuda_packages, cuda_modules, kernel_attr
 from .warp_plan import build_warp_plan, warp_eligible
@@ -117,8 +117,7 @@ def solve_sensitivities(rhs, y0, t_save, params, *, s0=None, dparams=None, dargs
 
     ``saved_states`` (increasing state indices, default all): the returned ys and dys hold only
     those states (last axis len(saved_states)); the kernel still integrates every state, but
-    only the kept ones are copied to the host (a strided copy per run of consecutive
-    indices)."""
+    only the kept ones are copied to the host (``DeviceBuffer.copy_columns_to_host``)."""
     table_split_of(rhs, args)
     inp = sens_inputs(rhs, y0, t_save, params, s0, dparams, dargs, args, rtol, atol,
                       sensitivity_atol, sensitivity_error_control, t0, t_end, error_weights,
@@ -216,8 +215,7 @@ def _to_host(buffer, leading, columns=None):
         if columns is not None:
             return buffer.copy_columns_to_host(columns, leading)
         return buffer.copy_to_host(leading)
-    host = buffer.copy_to_host()
-    return host if columns is None else np.ascontiguousarray(host[..., list(columns)])
+    return keep_states(buffer.copy_to_host(), columns)
 
 
 def _numba_arrays(values) -> list:

@@ -7,7 +7,13 @@ import numpy as np
 from ...problem.solution import Solution
 from ...problem.status import Status
 
-__all__ = ["kernel_solution", "SensitivitySolution"]
+__all__ = ["kernel_solution", "SensitivitySolution", "keep_states"]
+
+
+def keep_states(a, states) -> np.ndarray:
+    """``a``'s entries at ``states`` (indices into its last axis) as a compact host array (all
+    of ``a`` with None)."""
+    return a if states is None else np.ascontiguousarray(np.asarray(a)[..., list(states)])
 
 
 def kernel_solution(ys, t, status, nacc, nrej, backend, info) -> Solution:
