@@ -30,6 +30,8 @@
 #              each entry of CL_SEC: a sensitivity error weight, optionally /directions per
 #              line-of-sight pass, '+' between blocks timed in one process (e.g.
 #              1,default/2+9; default: ClFunction's own of both)
+#   cl_jvp     profile_cl_jvp: the C_l Jacobian's spectra stage (line of sight, the rest) part
+#              by part, its value against its jvp along the solve's directions
 #   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
 #              groups against a solve per group
 #   forms      profile_los_forms: the line of sight's loops written several ways, side by side
@@ -157,6 +159,9 @@ for s in ${STEPS:-cb d first_run profile}; do
     cl)
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
+    cl_jvp)
+        # the C_l Jacobian's spectra stage part by part, value against jvp
+        step cl_jvp 400 python scripts/profile_cl_jvp.py --repeat 3 ;;
     cl_grad)
         # the C_l Jacobian's ratio to a value call: ClFunction's value and Jacobian, warm, side
         # by side, once per entry of CL_SEC (comma-separated; default: ClFunction's own)
