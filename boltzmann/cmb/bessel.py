@@ -23,6 +23,7 @@ written atomically; an entry that does not load or has the wrong shape is rebuil
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -173,9 +174,7 @@ def _cells(table: BesselTable, il, x):
     whole table interleaved, the line of sight's ℓ > 400 loop took 0.023 s against 0.029 s
     (scripts/profile_los_forms.py, docs/benchmarks.md). A table without ``pairs`` interleaves
     the row on each call (a copy of it)."""
-    row = (table.pairs[il] if table.pairs is not None
-           else jnp.stack([table.j[il], table.dj[il]], axis=-1).reshape(-1))
-    return _row_cells(row, table.dx, x)
+    return _row_cells(_row(table, il), table.dx, x)
 
 
 def _row_cells(pairs, dx: float, x):
@@ -190,17 +189,75 @@ def _row_cells(pairs, dx: float, x):
 
 
 def j_only(table: BesselTable, il, x):
-    """j_ℓ(x) alone (the lensing potential's integral needs no derivatives); 0 past x_max."""
-    t, h, j0, j1, d0, d1, _ = _cells(table, il, x)
-    return jnp.where(x <= table.x_max, hermite(t, h, j0, d0, j1, d1), 0.0)
+    """j_ℓ(x) alone (the lensing potential's integral needs no derivatives); 0 past x_max.
+    Differentiable in x (``_j_lookup``)."""
+    return _j_lookup(_row(table, il), _ell(table, il), x, table.dx, table.x_max)
 
 
 def values(table: BesselTable, il, x):
     """(j_ℓ, j_ℓ', j_ℓ'', j_ℓ/x²) at x (any shape, x ≥ 0) for the table's il-th multipole.
 
-    Past the table's end (x > x_max) every value is 0 (callers keep x inside)."""
-    ell = jnp.asarray(table.ells)[il].astype(jnp.float64)
-    return _values_at(ell, x, _cells(table, il, x), table.x_max)
+    Past the table's end (x > x_max) every value is 0 (callers keep x inside). Differentiable
+    in x (``_lookup``); the table itself is data, not differentiated."""
+    return _lookup(_row(table, il), _ell(table, il), x, table.dx, table.x_max)
+
+
+def _ell(table: BesselTable, il):
+    return jnp.asarray(table.ells)[il].astype(jnp.float64)
+
+
+def _row(table: BesselTable, il):
+    """The il-th multipole's row interleaved as (j_0, j'_0, j_1, j'_1, ...) (``_cells``)."""
+    return (table.pairs[il] if table.pairs is not None
+            else jnp.stack([table.j[il], table.dj[il]], axis=-1).reshape(-1))
+
+
+# The lookups' derivatives in x are written out rather than traced through the interpolation.
+# Each output's d/dx is another output (j' = j', (j')' = j'' ...) or follows from Bessel's
+# equation, so a tangent costs one product per value and direction; traced, a tangent repeats
+# the cell arithmetic (Hermite weights, the divisions of j'') once per direction, and the line
+# of sight's jvp along the C_ℓ Jacobian's directions ran at several times its value's cost.
+# The only difference from the traced derivative is that j'' is Bessel's equation's rather
+# than the cubic's own derivative of j' (both approximate the exact j_ℓ'' to the table's
+# interpolation error).
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _lookup(row, ell, x, dx: float, x_max: float):
+    """``values`` from the multipole's interleaved row ``row`` and its ``ell``."""
+    return _values_at(ell, x, _row_cells(row, dx, x), x_max)
+
+
+@_lookup.defjvp
+def _lookup_jvp(dx, x_max, primals, tangents):
+    row, ell, x = primals
+    x_dot = tangents[2]
+    j, dj, d2j, j_x2 = out = _lookup(row, ell, x, dx, x_max)
+    safe = jnp.where(x > 1e-6, x, 1.0)
+    d3j = jnp.where(x > 1e-6, 2.0 / (safe * safe) * dj - 2.0 / safe * d2j
+                    - 2.0 * ell * (ell + 1.0) / (safe * safe * safe) * j
+                    - (1.0 - ell * (ell + 1.0) / (safe * safe)) * dj, 0.0)
+    safe = jnp.where(x > 1e-3, x, 1.0)
+    d_jx2 = jnp.where(x > 1e-3, (dj - 2.0 * j / safe) / (safe * safe), 0.0)
+    # outside the table every value is 0, and so are these (made of them)
+    return out, (dj * x_dot, d2j * x_dot, d3j * x_dot, d_jx2 * x_dot)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _j_lookup(row, ell, x, dx: float, x_max: float):
+    """``j_only`` from the multipole's interleaved row (``ell`` is read by the jvp only)."""
+    t, h, j0, j1, d0, d1, _ = _row_cells(row, dx, x)
+    return jnp.where(x <= x_max, hermite(t, h, j0, d0, j1, d1), 0.0)
+
+
+@_j_lookup.defjvp
+def _j_lookup_jvp(dx, x_max, primals, tangents):
+    row, ell, x = primals
+    t, h, j0, j1, d0, d1, x0 = _row_cells(row, dx, x)
+    inside = x <= x_max
+    j = jnp.where(inside, hermite(t, h, j0, d0, j1, d1), 0.0)
+    dd0 = _second_derivative(ell, x0, j0, d0)
+    dd1 = _second_derivative(ell, x0 + h, j1, d1)
+    dj = jnp.where(inside, hermite(t, h, d0, dd0, d1, dd1), 0.0)
+    return j, dj * tangents[2]
 
 
 def _values_at(ell, x, cells, x_max: float):
