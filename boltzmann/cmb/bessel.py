@@ -40,7 +40,8 @@ from scipy.special import jv
 from models.hermite import hermite
 from solver.caches import Cache
 
-__all__ = ["BesselTable", "values", "j_only", "turning_point", "X_BUCKET"]
+__all__ = ["BesselTable", "values", "j_only", "values_and_slopes", "j_and_slope",
+           "turning_point", "X_BUCKET"]
 
 #: ``BesselTable.cached`` rounds x_max up to a multiple of this (the table is then at most
 #: this much longer than needed)
@@ -212,33 +213,50 @@ def _row(table: BesselTable, il):
             else jnp.stack([table.j[il], table.dj[il]], axis=-1).reshape(-1))
 
 
+def values_and_slopes(table: BesselTable, il, x):
+    """(``values``, their derivatives in x): ((j, j', j'', j/x²), (j', j'', j‴, (j/x²)′)),
+    each made of the looked-up values (j‴ from Bessel's equation), for a caller that writes
+    its own derivative in x (the line of sight's jvp)."""
+    ell = _ell(table, il)
+    out = _lookup.fun(_row(table, il), ell, x, table.dx, table.x_max)
+    return out, _slopes(ell, x, *out)
+
+
+def j_and_slope(table: BesselTable, il, x):
+    """(j_ℓ, j_ℓ') at x, 0 past x_max: ``j_only`` and its derivative in x."""
+    return _j_and_slope(_row(table, il), _ell(table, il), x, table.dx, table.x_max)
+
+
 # The lookups' derivatives in x are written out rather than traced through the interpolation.
 # Each output's d/dx is another output (j' = j', (j')' = j'' ...) or follows from Bessel's
 # equation, so a tangent costs one product per value and direction; traced, a tangent repeats
-# the cell arithmetic (Hermite weights, the divisions of j'') once per direction, and the line
-# of sight's jvp along the C_ℓ Jacobian's directions ran at several times its value's cost.
-# The only difference from the traced derivative is that j'' is Bessel's equation's rather
-# than the cubic's own derivative of j' (both approximate the exact j_ℓ'' to the table's
-# interpolation error).
+# the cell arithmetic (Hermite weights, the divisions of j'') once per direction. The only
+# difference from the traced derivative is that j'' is Bessel's equation's rather than the
+# cubic's own derivative of j' (both approximate the exact j_ℓ'' to the table's interpolation
+# error; the written-out one is the closer, tests/test_cmb.py).
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _lookup(row, ell, x, dx: float, x_max: float):
     """``values`` from the multipole's interleaved row ``row`` and its ``ell``."""
     return _values_at(ell, x, _row_cells(row, dx, x), x_max)
 
 
-@_lookup.defjvp
-def _lookup_jvp(dx, x_max, primals, tangents):
-    row, ell, x = primals
-    x_dot = tangents[2]
-    j, dj, d2j, j_x2 = out = _lookup(row, ell, x, dx, x_max)
+def _slopes(ell, x, j, dj, d2j, j_x2):
+    """d/dx of (j, j', j'', j/x²) from the values; 0 wherever they are (past the table)."""
+    del j_x2
     safe = jnp.where(x > 1e-6, x, 1.0)
     d3j = jnp.where(x > 1e-6, 2.0 / (safe * safe) * dj - 2.0 / safe * d2j
                     - 2.0 * ell * (ell + 1.0) / (safe * safe * safe) * j
                     - (1.0 - ell * (ell + 1.0) / (safe * safe)) * dj, 0.0)
     safe = jnp.where(x > 1e-3, x, 1.0)
     d_jx2 = jnp.where(x > 1e-3, (dj - 2.0 * j / safe) / (safe * safe), 0.0)
-    # outside the table every value is 0, and so are these (made of them)
-    return out, (dj * x_dot, d2j * x_dot, d3j * x_dot, d_jx2 * x_dot)
+    return dj, d2j, d3j, d_jx2
+
+
+@_lookup.defjvp
+def _lookup_jvp(dx, x_max, primals, tangents):
+    row, ell, x = primals
+    out = _lookup(row, ell, x, dx, x_max)
+    return out, tuple(s * tangents[2] for s in _slopes(ell, x, *out))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
@@ -248,15 +266,18 @@ def _j_lookup(row, ell, x, dx: float, x_max: float):
     return jnp.where(x <= x_max, hermite(t, h, j0, d0, j1, d1), 0.0)
 
 
-@_j_lookup.defjvp
-def _j_lookup_jvp(dx, x_max, primals, tangents):
-    row, ell, x = primals
+def _j_and_slope(row, ell, x, dx: float, x_max: float):
     t, h, j0, j1, d0, d1, x0 = _row_cells(row, dx, x)
     inside = x <= x_max
-    j = jnp.where(inside, hermite(t, h, j0, d0, j1, d1), 0.0)
     dd0 = _second_derivative(ell, x0, j0, d0)
     dd1 = _second_derivative(ell, x0 + h, j1, d1)
-    dj = jnp.where(inside, hermite(t, h, d0, dd0, d1, dd1), 0.0)
+    return (jnp.where(inside, hermite(t, h, j0, d0, j1, d1), 0.0),
+            jnp.where(inside, hermite(t, h, d0, dd0, d1, dd1), 0.0))
+
+
+@_j_lookup.defjvp
+def _j_lookup_jvp(dx, x_max, primals, tangents):
+    j, dj = _j_and_slope(*primals, dx, x_max)
     return j, dj * tangents[2]
 
 

@@ -84,10 +84,12 @@ def fine_sources(src, k_fine, degree: int = ClSampling.k_spline_degree):
     return {name: spline.apply(getattr(src, name)) for name in ("t0", "t1", "t2", "e", "phi")}
 
 
-def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int = 1):
+def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int = 1,
+                 dot=None):
     """Δ^T, Δ^E (len(ils), K) of the multipoles ``ils``, each integrated over the ``width``
     transfer wavenumbers from its ``starts`` entry and kept on its window [lo, hi) (zero
-    elsewhere in its row); ``batch`` multipoles per iteration."""
+    elsewhere in its row); ``batch`` multipoles per iteration. With ``dot`` = (χ̇, ẇ, sources'
+    tangents) also their tangents (``_integrate_jvp``): (Δ^T, Δ^E, Δ̇^T, Δ̇^E)."""
     n_k = k.shape[0]
     names = ("t0", "t1", "t2", "e")
 
@@ -95,26 +97,56 @@ def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int 
         il, start, first, end = args
         ks = jax.lax.dynamic_slice_in_dim(k, start, width)
         s0, s1, s2, se = (jax.lax.dynamic_slice_in_dim(srcs[n], start, width) for n in names)
-        j, dj, d2j, j_x2 = bessel.values(table, il, ks[:, None] * chi[None, :])
+        x = ks[:, None] * chi[None, :]
+        if dot is None:
+            j, dj, d2j, j_x2 = bessel.values(table, il, x)
+        else:
+            (j, dj, d2j, j_x2), slope = bessel.values_and_slopes(table, il, x)
         ell = jnp.asarray(table.ells)[il].astype(jnp.float64)
         pref_e = jnp.sqrt((ell + 2.0) * (ell + 1.0) * ell * (ell - 1.0))
         index = start + jnp.arange(width)
         keep = (index >= first) & (index < end)
-        t = jnp.where(keep, (s0 * j + s1 * dj + s2 * d2j) @ w, 0.0)
-        e = jnp.where(keep, pref_e * ((se * j_x2) @ w), 0.0)
-        row = jnp.zeros(n_k, t.dtype)
-        return (jax.lax.dynamic_update_slice_in_dim(row, t, start, 0),
-                jax.lax.dynamic_update_slice_in_dim(row, e, start, 0))
+        integrand_t = s0 * j + s1 * dj + s2 * d2j
+        integrand_e = se * j_x2
+        rows = [integrand_t @ w, pref_e * (integrand_e @ w)]
+        if dot is not None:
+            # x = k χ moves with χ: Σ_i w_i ∂(integrand)/∂x k χ̇_i is the slopes' integrand
+            # against w χ̇ (a matrix product over the directions, the slopes shared by all)
+            chi_dot, w_dot, sd = dot
+            d0, d1, d2, de = (jax.lax.dynamic_slice_in_dim(sd[n], start, width) for n in names)
+            wc = w * chi_dot
+            slope_t = s0 * slope[0] + s1 * slope[1] + s2 * slope[2]
+            # Σ_i ṡ(k, i) j(k, i) w_i as a product per k (under vmap one pass over the
+            # tangents), not an integrand per direction written out and then summed
+            along = functools.partial(jnp.einsum, "ki,ki->k")
+            rows.append(along(d0, j * w) + along(d1, dj * w) + along(d2, d2j * w)
+                        + ks * (slope_t @ wc) + integrand_t @ w_dot)
+            rows.append(pref_e * (along(de, j_x2 * w) + ks * ((se * slope[3]) @ wc)
+                                  + integrand_e @ w_dot))
+        row = jnp.zeros(n_k, rows[0].dtype)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(row, jnp.where(keep, r, 0.0), start, 0)
+                     for r in rows)
 
     return jax.lax.map(body, tuple(jnp.asarray(a, jnp.int32) for a in (ils, starts, lo, hi)),
                        batch_size=batch if batch > 1 else None)
 
 
-def _phi_rows(table, ils, x, w, s_phi, batch: int = 1):
-    """Δ^φ (len(ils), K_φ) on the lensing potential's k grid (x: (K_φ, S)); ``batch``
-    multipoles per iteration."""
-    return jax.lax.map(lambda il: (s_phi * bessel.j_only(table, il, x)) @ w, jnp.asarray(ils),
-                       batch_size=batch if batch > 1 else None)
+def _phi_rows(table, ils, kp, chi, w, s_phi, batch: int = 1, dot=None):
+    """Δ^φ (len(ils), K_φ) on the lensing potential's wavenumbers ``kp``; ``batch`` multipoles
+    per iteration; with ``dot`` = (χ̇, ẇ, ṡ_φ) also its tangent: (Δ^φ, Δ̇^φ)."""
+    x = kp[:, None] * chi[None, :]
+    if dot is None:
+        return jax.lax.map(lambda il: (s_phi * bessel.j_only(table, il, x)) @ w,
+                           jnp.asarray(ils), batch_size=batch if batch > 1 else None)
+    chi_dot, w_dot, sd = dot
+
+    def body(il):
+        j, slope = bessel.j_and_slope(table, il, x)
+        integrand = s_phi * j
+        return (integrand @ w, (sd * j) @ w + kp * ((s_phi * slope) @ (w * chi_dot))
+                + integrand @ w_dot)
+
+    return jax.lax.map(body, jnp.asarray(ils), batch_size=batch if batch > 1 else None)
 
 
 def _grouped(idx, window, n_k):
@@ -166,33 +198,66 @@ def _integrate(plan: _Plan, j, dj, k, tau, tau0, fine):
                     _group_arrays(plan.early))
 
 
-@functools.partial(jax.jit, static_argnames="shape")
-def _program(shape, j, dj, k, tau, tau0, fine, late, early):
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _line_of_sight(shape, j, dj, k, tau, tau0, fine, late, early):
+    """(T, E, P) of ``_integrate``, differentiable in the source times ``tau``, τ0 and the
+    sources ``fine`` by ``_line_of_sight_jvp`` (the Bessel table and k are data)."""
+    return _run(shape, j, dj, k, tau, tau0, fine, late, early)
+
+
+@_line_of_sight.defjvp
+def _line_of_sight_jvp(shape, primals, tangents):
+    """The line of sight and its tangent in one pass of its loops. Δ is linear in the sources,
+    so a direction's tangent is the sources' tangents integrated against the same Bessel values,
+    plus the moved samples' terms (x = k(τ0 − τ) and the weights), which are matrix products
+    of integrands shared by every direction: under ``vmap`` over directions the per-direction
+    work is one product and sum over the sources' tangents. Traced instead, each direction
+    repeated the Bessel lookups' arithmetic and re-read the integrands."""
+    _, _, _, tau_dot, tau0_dot, fine_dot, _, _ = tangents
+    return _run(shape, *primals, dot=(tau_dot, tau0_dot, fine_dot))
+
+
+_program = jax.jit(_line_of_sight, static_argnums=0)
+
+
+def _run(shape, j, dj, k, tau, tau0, fine, late, early, dot=None):
+    """(T, E, P), and with ``dot`` = (τ̇, τ̇0, the sources' tangents) ((T, E, P), their
+    tangents)."""
     ells, dx, late_width, early_width, n_cut, with_p, ip, batches = shape
     table = bessel.BesselTable(ells=np.asarray(ells), dx=dx, j=j, dj=dj).interleaved()
     chi = tau0 - tau
     w = trapezoid(tau)
     n_ells, n_k = len(ells), k.shape[0]
-    T = jnp.zeros((n_ells, n_k))
-    E = jnp.zeros((n_ells, n_k))
+    out = [jnp.zeros((n_ells, n_k)), jnp.zeros((n_ells, n_k))]     # T, E (and their tangents)
+    if dot is not None:
+        tau_dot, tau0_dot, fine_dot = dot
+        chi_dot = tau0_dot - tau_dot
+        out += [jnp.zeros((n_ells, n_k)), jnp.zeros((n_ells, n_k))]
     # T and E: every τ up to l_late, early τ only above it; φ: every τ, ℓ ≤ l_limber
-    if late is not None:
-        ils, starts, lo, hi = late
-        t, e = _window_rows(table, ils, starts, late_width, lo, hi, k, chi, w, fine,
-                            batch=batches[0])
-        T, E = T.at[ils].set(t), E.at[ils].set(e)
-    if early is not None:
-        ils, starts, lo, hi = early
-        cut = {name: v[:, :n_cut] for name, v in fine.items()}
-        t, e = _window_rows(table, ils, starts, early_width, lo, hi, k, chi[:n_cut],
-                            trapezoid(tau[:n_cut]), cut, batch=batches[1])
-        T, E = T.at[ils].set(t), E.at[ils].set(e)
-    P = None
+    for group, width, cut, batch in ((late, late_width, None, batches[0]),
+                                     (early, early_width, n_cut, batches[1])):
+        if group is None:
+            continue
+        ils, starts, lo, hi = group
+        part = slice(None, cut)
+        srcs = {name: v[:, part] for name, v in fine.items()}
+        moved = None if dot is None else (
+            chi_dot[part], trapezoid(tau_dot[part]),
+            {name: v[:, part] for name, v in fine_dot.items()})
+        rows = _window_rows(table, ils, starts, width, lo, hi, k, chi[part],
+                            trapezoid(tau[part]), srcs, batch=batch, dot=moved)
+        out = [o.at[ils].set(r) for o, r in zip(out, rows)]
+    P = dP = None
     if with_p:
         ipa = np.asarray(ip)
-        P = _phi_rows(table, np.asarray(with_p), k[ipa][:, None] * chi[None, :], w,
-                      fine["phi"][ipa], batch=batches[2])
-    return T, E, P
+        moved = None if dot is None else (chi_dot, trapezoid(tau_dot), fine_dot["phi"][ipa])
+        P = _phi_rows(table, np.asarray(with_p), k[ipa], chi, w, fine["phi"][ipa],
+                      batch=batches[2], dot=moved)
+        if dot is not None:
+            P, dP = P
+    if dot is None:
+        return out[0], out[1], P
+    return (out[0], out[1], P), (out[2], out[3], dP)
 
 
 def transfer_functions(src, ells, k, table: bessel.BesselTable, *, l_late: int = 400,
