@@ -19,6 +19,7 @@ Prints a Markdown table: the part, its value's seconds, its jvp's and their rati
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -52,7 +53,7 @@ def main(argv=None):
 
     runtime.configure(runtime.Settings.from_environment())
     f = ClFunction(load_config(args.config))
-    (table, rows, y0, bg, prim), (dtable, drows, dy0, dbg, dprim) = jax.block_until_ready(
+    (_, _, _, bg, prim), (_, _, _, dbg, dprim) = jax.block_until_ready(
         f._host_inputs(f._jit_inputs_jvp, f.theta0))
     S = f._map.solve_directions
     K, X = f.plan.k.size, f.plan.x.size
@@ -60,7 +61,6 @@ def main(argv=None):
     shape = np.exp(-((np.log(f.plan.k)[:, None] + 3.0) ** 2)) * np.ones((1, X))
     srcs = tuple(jnp.asarray(shape * (1.0 + 0.1 * i)) for i in range(5))
     dsrcs = tuple(jnp.asarray(rng.normal(size=(S.size, K, X)) * shape) for _ in range(5))
-    dbg_s = jax.tree_util.tree_map(lambda t: t, dbg)
     ta = f._table_args
     print(f"# {jax.devices()[0].device_kind}: {K} modes x {X} samples, {S.size} solve "
           f"directions, {len(f.ells)} sampled multipoles, l_max {f.l_max}", flush=True)
@@ -79,11 +79,9 @@ def main(argv=None):
         tr = f._transfers(srcs, bg, ta)
     if "transfers" in parts:
         v = best(jax.jit(tr_value), (srcs, bg), args.repeat)
-        d = best(jax.jit(tr_jvp), (srcs, bg, dsrcs, dbg_s), args.repeat)
+        d = best(jax.jit(tr_jvp), (srcs, bg, dsrcs, dbg), args.repeat)
         rows_out.append(("transfers", v, d))
     if "after" in parts:
-        import dataclasses
-
         def after(T, E, P, s, g, p):
             return f._from_transfers(dataclasses.replace(tr, T=T, E=E, P=P), s, g, p, ta)
 
@@ -98,11 +96,11 @@ def main(argv=None):
 
         v = best(jax.jit(after), (tr.T, tr.E, tr.P, srcs, bg, prim), args.repeat)
         d = best(jax.jit(after_jvp), (tr.T, tr.E, tr.P, srcs, bg, prim, dT, dE, dP, dsrcs,
-                                      dbg_s, dp), args.repeat)
+                                      dbg, dp), args.repeat)
         rows_out.append(("after", v, d))
     if "spectra" in parts:
         v = best(f._jit_spectra, (srcs, bg, prim, ta), args.repeat)
-        d = best(f._jit_spectra_jvp, (srcs, bg, prim, dsrcs, dbg_s, dprim, ta), args.repeat)
+        d = best(f._jit_spectra_jvp, (srcs, bg, prim, dsrcs, dbg, dprim, ta), args.repeat)
         rows_out.append(("spectra", v, d))
 
     print("| part | value first s | value warm s | jvp first s | jvp warm s | jvp/value |")

@@ -219,7 +219,7 @@ def values_and_slopes(table: BesselTable, il, x):
     its own derivative in x (the line of sight's jvp)."""
     ell = _ell(table, il)
     out = _lookup.fun(_row(table, il), ell, x, table.dx, table.x_max)
-    return out, _slopes(ell, x, *out)
+    return out, _slopes(ell, x, *out[:3])
 
 
 def j_and_slope(table: BesselTable, il, x):
@@ -240,9 +240,8 @@ def _lookup(row, ell, x, dx: float, x_max: float):
     return _values_at(ell, x, _row_cells(row, dx, x), x_max)
 
 
-def _slopes(ell, x, j, dj, d2j, j_x2):
-    """d/dx of (j, j', j'', j/x²) from the values; 0 wherever they are (past the table)."""
-    del j_x2
+def _slopes(ell, x, j, dj, d2j):
+    """d/dx of (j, j', j'', j/x²) from (j, j', j''); 0 wherever they are (past the table)."""
     safe = jnp.where(x > 1e-6, x, 1.0)
     d3j = jnp.where(x > 1e-6, 2.0 / (safe * safe) * dj - 2.0 / safe * d2j
                     - 2.0 * ell * (ell + 1.0) / (safe * safe * safe) * j
@@ -256,14 +255,13 @@ def _slopes(ell, x, j, dj, d2j, j_x2):
 def _lookup_jvp(dx, x_max, primals, tangents):
     row, ell, x = primals
     out = _lookup(row, ell, x, dx, x_max)
-    return out, tuple(s * tangents[2] for s in _slopes(ell, x, *out))
+    return out, tuple(s * tangents[2] for s in _slopes(ell, x, *out[:3]))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
 def _j_lookup(row, ell, x, dx: float, x_max: float):
-    """``j_only`` from the multipole's interleaved row (``ell`` is read by the jvp only)."""
-    t, h, j0, j1, d0, d1, _ = _row_cells(row, dx, x)
-    return jnp.where(x <= x_max, hermite(t, h, j0, d0, j1, d1), 0.0)
+    """``j_only`` from the multipole's interleaved row and its ``ell``."""
+    return _j_and_slope(row, ell, x, dx, x_max)[0]     # the unused slope is dead code
 
 
 def _j_and_slope(row, ell, x, dx: float, x_max: float):

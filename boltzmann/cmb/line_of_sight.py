@@ -89,7 +89,7 @@ def _window_rows(table, ils, starts, width, lo, hi, k, chi, w, srcs, batch: int 
     """Δ^T, Δ^E (len(ils), K) of the multipoles ``ils``, each integrated over the ``width``
     transfer wavenumbers from its ``starts`` entry and kept on its window [lo, hi) (zero
     elsewhere in its row); ``batch`` multipoles per iteration. With ``dot`` = (χ̇, ẇ, sources'
-    tangents) also their tangents (``_integrate_jvp``): (Δ^T, Δ^E, Δ̇^T, Δ̇^E)."""
+    tangents) also their tangents (``_line_of_sight_jvp``): (Δ^T, Δ^E, Δ̇^T, Δ̇^E)."""
     n_k = k.shape[0]
     names = ("t0", "t1", "t2", "e")
 
