@@ -8,6 +8,7 @@ loading stale ones; a corrupted cache is rebuilt. The counts come from the job's
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,15 +106,18 @@ def test_corrupted_entries_are_rebuilt(cold_and_warm):
     assert again["xla_programs_compiled"] == 0        # the rebuilt entries are good
 
 
-def test_gradients_second_process_loads_everything_and_agrees(tmp_path):
+def test_gradients_second_process_loads_everything_and_agrees(cold_and_warm, tmp_path):
     """``--gradients``: a later process loads the Jacobian's programs too (none compiled) —
     the solve program among them loaded ahead in a background thread while the main job runs
     (``PowerSpectrumFunction.preload``), which must find the executable the first process
-    stored, not compile its own — and writes the same derivatives."""
+    stored, not compile its own — and writes the same derivatives. The first process starts
+    from a copy of the main job's cache (the fixture's), so it compiles only what
+    ``--gradients`` adds."""
     cache = tmp_path / "cache"
+    shutil.copytree(cold_and_warm[1], cache)
     cold, _, _ = _finish(_start(tmp_path, "cold", cache, extra=("--gradients",)))
     warm, _, _ = _finish(_start(tmp_path, "warm", cache, extra=("--gradients",)))
-    assert cold["xla_programs_compiled"] > 10
+    assert cold["xla_programs_compiled"] > 3, cold
     assert warm["xla_programs_compiled"] == 0, warm
     assert _numbers((tmp_path / "warm" / "dpk.csv").read_text()) == \
         _numbers((tmp_path / "cold" / "dpk.csv").read_text())

@@ -269,10 +269,14 @@ def test_jacobian_programs_are_persisted(tmp_path):
                                      k=np.array([0.01, 0.1]), n_chunks=1, with_sigma8=False,
                                      z_background=(), derived=(), **kw)
 
+    shapes = {}   # the inputs' shapes, alike for every build here: traced once
+
     def prepare(fn):
         theta = fn.theta0
+        if not shapes:
+            shapes["inputs"] = jax.eval_shape(fn._inputs_and_tangents, theta)
         (table, rows, y0, bg), (dtable, drows, dy0, dbg) = jax.tree_util.tree_map(
-            lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn._inputs_and_tangents, theta))
+            lambda s: jnp.zeros(s.shape, s.dtype), shapes["inputs"])
         return (fn._jit_inputs_jvp.prepare(theta),
                 fn._jit_solve_jvp.prepare(table, rows, y0, dtable, drows, dy0,
                                           *fn._chunk_groups[:1]))
