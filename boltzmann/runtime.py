@@ -66,7 +66,9 @@ class Settings:
         default (one thread per CPU the process may use). ``from_environment`` picks
         ``ACCELERATOR_HOST_THREADS`` where an accelerator is visible and the variable is unset;
     direction_warps: the CUDA sensitivity kernel's direction warps per block at most
-        (``solver.CudaBackend(direction_warps=)``), or None for the kernel's own.
+        (``solver.CudaBackend(direction_warps=)``), or None for the kernel's own;
+    cuda_sensitivity_launch: how the CUDA backend's tangents are launched inside JAX programs
+        ("host" or "ffi"; ``solver.CudaBackend(sensitivity_launch=)``).
     """
 
     cache_root: Path | None = None
@@ -75,6 +77,7 @@ class Settings:
     cxx: str = "g++"
     host_threads: int | None = None
     direction_warps: int | None = None
+    cuda_sensitivity_launch: str = "host"
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ, *,
@@ -83,7 +86,8 @@ class Settings:
         BOLTZMANN_CACHE=0 turns the cache off), BOLTZMANN_CUDA_LAUNCH, BOLTZMANN_FFI_LIB, CXX,
         BOLTZMANN_HOST_THREADS (a positive integer, or ``all`` for JAX's pool; unset: one thread
         where an accelerator is visible, see ``ACCELERATOR_HOST_THREADS``),
-        BOLTZMANN_DIRECTION_WARPS. Explicit arguments (the CLI's options) take precedence."""
+        BOLTZMANN_DIRECTION_WARPS, BOLTZMANN_CUDA_SENS_LAUNCH. Explicit arguments (the CLI's
+        options) take precedence."""
         off = environ.get("BOLTZMANN_CACHE", "1").strip().lower() in ("0", "off", "false", "no")
         if no_cache or (off and cache_root is None):
             root = None
@@ -106,10 +110,16 @@ class Settings:
             raise ValueError(f"BOLTZMANN_DIRECTION_WARPS={warps!r}: give a positive integer (the "
                              "CUDA sensitivity kernel's direction warps per block at most) or "
                              "leave it unset")
+        sens_launch = environ.get("BOLTZMANN_CUDA_SENS_LAUNCH", "host").strip() or "host"
+        if sens_launch not in ("host", "ffi"):
+            raise ValueError(f"BOLTZMANN_CUDA_SENS_LAUNCH={sens_launch!r}: give 'host' (the "
+                             "sensitivity kernel from a host callback) or 'ffi' (an XLA FFI "
+                             "custom call), or leave it unset")
         return cls(cache_root=root, cuda_launch=environ.get("BOLTZMANN_CUDA_LAUNCH", "auto"),
                    ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++",
                    host_threads=pool,
-                   direction_warps=int(warps) if warps else None)
+                   direction_warps=int(warps) if warps else None,
+                   cuda_sensitivity_launch=sens_launch)
 
 
 class CompileCounter:
@@ -289,4 +299,5 @@ def backend_for(name: str, settings: Settings = Settings(), kernel: str = "auto"
     root = None if settings.cache_root is None else settings.cache_root / CUDA_DIR
     return CudaBackend(launch=settings.cuda_launch, cache_root=root,
                        ffi_library=settings.ffi_library, cxx=settings.cxx, kernel=kernel,
-                       direction_warps=settings.direction_warps)
+                       direction_warps=settings.direction_warps,
+                       sensitivity_launch=settings.cuda_sensitivity_launch)

@@ -30,6 +30,10 @@
 #              each entry of CL_SEC: a sensitivity error weight, optionally /directions per
 #              line-of-sight pass, '+' between blocks timed in one process (e.g.
 #              1,default/2+9; default: ClFunction's own of both)
+#   sens_launch  the C_l Jacobian (bench_cl --gradients) and the P(k) Jacobian (bench_gpu part
+#              d) once per sensitivity launch in SENS_LAUNCHES (default "host ffi";
+#              BOLTZMANN_CUDA_SENS_LAUNCH: a host callback or the XLA FFI custom call), a
+#              process each, one cache folder
 #   cl_jvp     profile_cl_jvp: the C_l Jacobian's spectra stage (line of sight, the rest) part
 #              by part, its value against its jvp along the solve's directions
 #   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
@@ -159,6 +163,15 @@ for s in ${STEPS:-cb d first_run profile}; do
     cl)
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
+    sens_launch)
+        for L in ${SENS_LAUNCHES:-host ffi}; do
+            step "cl_grad_sens_$L" 560 env BOLTZMANN_CUDA_SENS_LAUNCH="$L" python \
+                scripts/bench_cl.py --config configs/planck_cl.yaml --backend cuda --gradients \
+                --runs 3 --out "$JOB/cl_grad_sens_$L"
+            step "d_sens_$L" 400 env BOLTZMANN_CUDA_SENS_LAUNCH="$L" python scripts/bench_gpu.py \
+                --parts d --backends cuda --budget 380 --row-limit 360 --grad-sec config \
+                --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_sens_$L"
+        done ;;
     cl_jvp)
         # the C_l Jacobian's spectra stage part by part, value against jvp
         step cl_jvp 400 python scripts/profile_cl_jvp.py --repeat 3 ;;
@@ -193,7 +206,7 @@ for s in ${STEPS:-cb d first_run profile}; do
         # default: every GPU test file in five groups (four groups took up to 360 s each on an
         # H100 host, the slowest two being test_cuda_backend + test_cuda_ffi and the warp,
         # helper and cache files)
-        IFS=';' read -ra groups <<< "${GPU_TESTS:-tests/test_cuda_backend.py;tests/test_cuda_ffi.py tests/test_cuda_kernel_cache.py;tests/test_cuda_sensitivity.py;tests/test_cmb_gpu.py;tests/test_cuda_warp.py tests/test_kernel_helper.py tests/test_cuda_sens_cache.py}"
+        IFS=';' read -ra groups <<< "${GPU_TESTS:-tests/test_cuda_backend.py;tests/test_cuda_ffi.py tests/test_cuda_kernel_cache.py;tests/test_cuda_sensitivity.py tests/test_cuda_ffi_sens.py;tests/test_cmb_gpu.py;tests/test_cuda_warp.py tests/test_kernel_helper.py tests/test_cuda_sens_cache.py}"
         i=0
         for g in "${groups[@]}"; do
             step tests$i "${TESTS_LIMIT:-420}" python -m pytest -o addopts="" -m gpu -v \

@@ -12,9 +12,11 @@ How a solve reaches the GPU is the backend's ``launch``:
 * ``"emulated"``: the generated kernel text on the CPU (``emulation``; tests, no GPU needed).
 
 Both GPU launches run the same cubin. Inside JAX programs (``solve_diff``, ``solve_with_tangents``)
-the value is the FFI custom call where that launch is available, and the tangents run as a host
-callback (``jax.pure_callback``: the sensitivity kernel, or the emulator, on copies of the
-operands), so they work eagerly, under ``jit`` and under ``vmap`` (sequentially).
+the value is the FFI custom call where that launch is available, and the tangents run as
+``sensitivity_launch`` says: ``"host"`` (default) a host callback (``jax.pure_callback``: the
+sensitivity kernel, or the emulator, on copies of the operands), ``"ffi"`` the sensitivity
+kernel's own XLA FFI custom call (``launch_ffi_sens``: operands and tangents stay on the GPU);
+both work eagerly, under ``jit`` and under ``vmap`` (sequentially).
 """
 from __future__ import annotations
 
@@ -30,15 +32,17 @@ from .ffi_library import FfiBuildError, FfiLibrary
 from .inputs import kernel_inputs, prepare
 from .kernel_cache import KernelCache
 from .launch_ffi import FfiLauncher
+from .launch_ffi_sens import sensitivities_jax
 from .launch_numba import solve_numba, solve_sensitivities
 from .modules import scratch_dir
 from .results import keep_states
 from .tables import check_args_structure, table_split_of
 from .toolchain import check_cuda_packages, cuda_modules
 
-__all__ = ["CudaBackend", "LAUNCH_MODES", "KERNEL_KINDS"]
+__all__ = ["CudaBackend", "LAUNCH_MODES", "SENSITIVITY_LAUNCHES", "KERNEL_KINDS"]
 
 LAUNCH_MODES = ("auto", "ffi", "numba", "emulated")
+SENSITIVITY_LAUNCHES = ("host", "ffi")
 KERNEL_KINDS = ("auto", "warp", "thread")
 _LINEAR_SOLVERS = ("auto", "dense", "sparse")
 
@@ -62,6 +66,9 @@ class CudaBackend(Backend):
         is one trajectory; its warp 0 also carries the state, its factorisation and stage
         solves, shared by the block's directions): None (default) the most its shared memory
         allows, up to four; 1 gives every (trajectory, direction) a block of its own.
+    sensitivity_launch: how the tangents inside JAX programs reach the GPU: "host" (default) a
+        host callback that launches the sensitivity kernel on copies of its operands, "ffi" the
+        kernel as an XLA FFI custom call on XLA's stream (no copies; module docstring).
 
     ``linear_solver`` is accepted by ``solve`` for API compatibility; the kernel always uses the
     compiled unpivoted sparse LU (for a dense pattern that is a dense unpivoted LU).
@@ -71,9 +78,15 @@ class CudaBackend(Backend):
 
     def __init__(self, launch: str = "auto", cache_root: Path | str | None = None, *,
                  ffi_library: Path | str | None = None, cxx: str = "g++", kernel: str = "auto",
-                 direction_warps: int | None = None):
+                 direction_warps: int | None = None, sensitivity_launch: str = "host"):
         if launch not in LAUNCH_MODES:
             raise ValueError(f"CudaBackend: launch must be one of {LAUNCH_MODES}, got {launch!r}")
+        if sensitivity_launch not in SENSITIVITY_LAUNCHES:
+            raise ValueError(f"CudaBackend: sensitivity_launch must be one of "
+                             f"{SENSITIVITY_LAUNCHES}, got {sensitivity_launch!r}")
+        if sensitivity_launch == "ffi" and launch in ("numba", "emulated"):
+            raise ValueError(f"CudaBackend: sensitivity_launch='ffi' needs the XLA FFI launch; "
+                             f"launch={launch!r} has none (give launch='auto' or 'ffi')")
         if kernel not in KERNEL_KINDS:
             raise ValueError(f"CudaBackend: kernel must be one of {KERNEL_KINDS}, got {kernel!r}")
         if direction_warps is not None and not (isinstance(direction_warps, int)
@@ -83,6 +96,7 @@ class CudaBackend(Backend):
         self.launch = launch
         self.kernel = kernel
         self.direction_warps = direction_warps
+        self.sensitivity_launch = sensitivity_launch
         self.cache_root = None if cache_root is None else Path(cache_root)
         work = self.cache_root if self.cache_root is not None else scratch_dir()
         self.module_dir = work
@@ -95,7 +109,7 @@ class CudaBackend(Backend):
 
     def __repr__(self) -> str:
         return (f"CudaBackend(launch={self.launch!r}, cache_root={self.cache_root!r}, "
-                f"kernel={self.kernel!r})")
+                f"kernel={self.kernel!r}, sensitivity_launch={self.sensitivity_launch!r})")
 
     @property
     def emulated(self) -> bool:
@@ -225,6 +239,13 @@ class CudaBackend(Backend):
         s0 = jnp.zeros((m, N, n)) if dy0 is None else jnp.asarray(dy0, jnp.float64)
         dpp = jnp.zeros((m, N, spec.P)) if dp is None else jnp.asarray(dp, jnp.float64)
         table = leaves[0] if spec.has_args else jnp.zeros(1)
+        if self.sensitivity_launch == "ffi":
+            self.ffi_library.load()      # FfiBuildError (with its reason) where it cannot be
+            self.last_sensitivity_info = {"launch": "xla-ffi"}
+            return sensitivities_jax(
+                self.ffi, spec, y0, params, table, ts, t0, te, s0, dpp,
+                jnp.asarray(dargs[0], jnp.float64) if dargs else None, kernel_kind=self.kernel,
+                dir_warps=self.direction_warps, with_ys=with_ys, states=states)
         ops = [y0, params, table, ts, t0, te, s0, dpp]
         ops += [jnp.asarray(d, jnp.float64) for d in dargs]   # at most the one table leaf
 

@@ -19,47 +19,69 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from .kernel_cache import cache_key, key_components
 from .toolchain import THREADS_PER_BLOCK, CudaBackendUnavailable, kernel_attr
 
-__all__ = ["layout", "expected_param_count", "ptx_entry_param_sizes", "kernel_image",
-           "compile_result", "RegisteredKernel", "KernelImage", "obtain_image",
+__all__ = ["CallNames", "PLAIN_CALL", "SENS_CALL", "layout", "expected_param_count",
+           "ptx_entry_param_sizes", "kernel_image", "compile_result", "RegisteredKernel", "KernelImage", "obtain_image",
            "compile_and_register"]
 
 
-# Inputs of the custom call, in order (then the leaves of ``args``), and its outputs.
-_IN_NAMES = ("y0", "t0", "t_end", "t_save", "params", "atol", "weights", "h0")
-_OUT_NAMES = ("ys", "t_out", "status", "n_accepted", "n_rejected")
-_F64_NAMES = ("rtol", "n_weighted")
-_WARP_TABLES = ("sched", "sched_f")
-_IN_CODE, _OUT_CODE, _F64_CODE, _NTRAJ_CODE = 0, 1, 2, 3
+@dataclass(frozen=True)
+class CallNames:
+    """Which kernel arguments are which operands of the custom call: ``inputs`` (in order, then
+    the leaves of ``args``, then ``after_leaves``), ``outputs``, the float64 scalars (the
+    ``f64_scalars`` attribute, in order) and int64 scalars (``i64_scalars``); ``n_traj`` is the
+    leading dimension of the first input."""
+
+    inputs: tuple
+    outputs: tuple
+    f64: tuple = ("rtol", "n_weighted")
+    i64: tuple = ()
+    after_leaves: tuple = ("sched", "sched_f")   # the warp kernels' lane tables
 
 
-def layout(kernel_args, n_arg_leaves: int) -> np.ndarray:
+#: the plain kernel's custom call (``codegen.KERNEL_ARGS``, the warp kernel's tables after them)
+PLAIN_CALL = CallNames(inputs=("y0", "t0", "t_end", "t_save", "params", "atol", "weights", "h0"),
+                       outputs=("ys", "t_out", "status", "n_accepted", "n_rejected"))
+#: the sensitivity kernel's (``codegen.SENS_KERNEL_ARGS``): the directions' count n_dir is an
+#: int64 scalar, the tangent tables ``dargs`` an input like any array
+SENS_CALL = CallNames(
+    inputs=("y0", "t0", "t_end", "t_save", "params", "s0", "dparams", "dargs", "atol", "atol_s",
+            "weights", "weights_s", "h0"),
+    outputs=("ys", "dys", "t_out", "status", "n_accepted", "n_rejected"), i64=("n_dir",))
+_IN_CODE, _OUT_CODE, _F64_CODE, _NTRAJ_CODE, _I64_CODE = 0, 1, 2, 3, 4
+
+
+def layout(kernel_args, n_arg_leaves: int, names: CallNames = PLAIN_CALL) -> np.ndarray:
     """The ``layout`` attribute: (code, index) per kernel argument, in the kernel's order."""
     codes = []
+    n_in = len(names.inputs)
     for name in kernel_args:
-        if name in _IN_NAMES:
-            codes += [_IN_CODE, _IN_NAMES.index(name)]
+        if name in names.inputs:
+            codes += [_IN_CODE, names.inputs.index(name)]
         elif name == "args":  # one array (a tuple would be flattened by numba: one slot per leaf)
             for j in range(n_arg_leaves):
-                codes += [_IN_CODE, len(_IN_NAMES) + j]
-        elif name in _OUT_NAMES:
-            codes += [_OUT_CODE, _OUT_NAMES.index(name)]
-        elif name in _F64_NAMES:
-            codes += [_F64_CODE, _F64_NAMES.index(name)]
+                codes += [_IN_CODE, n_in + j]
+        elif name in names.outputs:
+            codes += [_OUT_CODE, names.outputs.index(name)]
+        elif name in names.f64:
+            codes += [_F64_CODE, names.f64.index(name)]
+        elif name in names.i64:
+            codes += [_I64_CODE, names.i64.index(name)]
         elif name == "n_traj":
             codes += [_NTRAJ_CODE, 0]
-        elif name in _WARP_TABLES:   # the warp kernel's lane tables: inputs after the leaves
-            codes += [_IN_CODE, len(_IN_NAMES) + n_arg_leaves + _WARP_TABLES.index(name)]
+        elif name in names.after_leaves:
+            codes += [_IN_CODE, n_in + n_arg_leaves + names.after_leaves.index(name)]
         else:
             raise CudaBackendUnavailable(
                 f"the XLA FFI launch does not know the kernel argument {name!r} "
-                f"(codegen.KERNEL_ARGS = {tuple(kernel_args)}): add it to _IN_NAMES / "
-                "_OUT_NAMES / _F64_NAMES in solver/backends/cuda/ffi_kernel.py")
+                f"(kernel arguments {tuple(kernel_args)}): add it to the CallNames of its "
+                "kernel in solver/backends/cuda/ffi_kernel.py")
     return np.asarray(codes, np.int64)
 
 
@@ -279,15 +301,18 @@ def obtain_image(plan, kernel_args, example, n_params, layout_codes=None, *, ker
 
 
 def compile_and_register(plan, kernel_args, example, in_ranks, out_ranks, layout_codes, *,
-                         library, kernel_cache=None, stats=None,
-                         module_dir=None) -> RegisteredKernel:
+                         library, kernel_cache=None, stats=None, module_dir=None,
+                         entry=None) -> RegisteredKernel:
     """The kernel's image (:func:`obtain_image`: cached or compiled) registered with
     ``library`` (an ``FfiLibrary``).  ``stats`` (a dict) accumulates ``kernels_registered`` and
-    ``compile_seconds``."""
+    ``compile_seconds``.  ``entry``: which of the plan's kernels (None: the plain one); the
+    sensitivity kernel's cache entry is shared with its launch from the host, which stores no
+    layout, so its layout is not compared."""
     stats = {} if stats is None else stats
     expected = expected_param_count(layout_codes, in_ranks, out_ranks)
-    img = obtain_image(plan, kernel_args, example, expected, layout_codes,
-                       kernel_cache=kernel_cache, module_dir=module_dir)
+    img = obtain_image(plan, kernel_args, example, expected,
+                       layout_codes if entry is None else None, kernel_cache=kernel_cache,
+                       module_dir=module_dir, entry=entry)
     key = library.register_kernel(img.image, img.func_name)
     _count(stats, "kernels_registered", 1)
     if not img.from_cache:

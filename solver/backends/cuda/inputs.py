@@ -13,8 +13,8 @@ from ...problem.sensitivity_spec import sec_weight
 from .tables import args_array
 
 __all__ = ["kernel_inputs", "prepare", "sens_inputs", "check_lookup_p", "sens_outputs",
-           "plain_outputs", "sens_call_args", "probe_inputs", "direction_warps",
-           "pad_directions", "trim_directions"]
+           "refuse_lookup_tangents", "plain_outputs", "sens_call_args", "probe_inputs",
+           "direction_warps", "pad_directions", "trim_directions"]
 
 
 def kernel_inputs(v, rtol) -> dict:
@@ -147,10 +147,16 @@ def check_lookup_p(plan, rhs, inp, args):
         plan.lookup_p = tuple(int(c) for c in np.nonzero(np.any(np.asarray(J) != 0, axis=0))[0])
     cols = list(plan.lookup_p)
     if cols and np.any(inp["dparams"][:, :, cols] != 0):
-        raise NotImplementedError(
-            f"backend='cuda' sensitivities: the table lookup depends on params columns {cols} "
-            "(table geometry) and their tangent is nonzero; the CUDA kernel does not "
-            "differentiate the lookup with respect to p. Use backend='jax'.")
+        refuse_lookup_tangents(cols)
+
+
+def refuse_lookup_tangents(cols):
+    """The error of a nonzero tangent in the parameter columns ``cols`` the table lookup
+    reads (``check_lookup_p``)."""
+    raise NotImplementedError(
+        f"backend='cuda' sensitivities: the table lookup depends on params columns {list(cols)} "
+        "(table geometry) and their tangent is nonzero; the CUDA kernel does not "
+        "differentiate the lookup with respect to p. Use backend='jax'.")
 
 
 def plain_outputs(N: int, m: int, n: int):

@@ -325,9 +325,12 @@ ffi::Error RodasSolveImpl(CUstream stream, ffi::RemainingArgs args, ffi::Remaini
   if (threads_per_block <= 0 || threads_per_block > 1024) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "rodas_ffi: bad threads_per_block");
   }
-  if (lanes_per_traj <= 0 || threads_per_block % lanes_per_traj != 0) {
+  // threads per trajectory: 1 (thread kernel), 32 (warp kernel), directions x 1 or x 32 (the
+  // sensitivity kernels); blocks = ceil(n_traj * lanes_per_traj / threads_per_block), so a
+  // warp kernel's caller keeps a trajectory's lanes within whole blocks
+  if (lanes_per_traj <= 0) {
     return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                      "rodas_ffi: lanes_per_traj must divide threads_per_block");
+                      "rodas_ffi: lanes_per_traj must be positive");
   }
   std::vector<Slot> slots;
   int64_t n_traj = 0;
