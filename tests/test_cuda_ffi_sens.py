@@ -19,7 +19,9 @@ from solver import RODAS5P, CudaBackend, PIDController, Status
 from solver.backends.cuda.codegen import SENS_KERNEL_ARGS
 from solver.backends.cuda.codegen.warp import WARP_SENS_KERNEL_ARGS
 from solver.backends.cuda.inputs import pad_directions, sens_call_args, sens_inputs, sens_outputs
+from solver.backends.cuda.ffi_kernel import expected_param_count
 from solver.backends.cuda.kernel_cache import arg_types
+from solver.backends.cuda.launch_cubin import parameter_count
 from solver.backends.cuda.launch_ffi_sens import (SensFfiConfig, _check, _nan_where_unreached,
                                                   sensitivities_jax)
 from solver.backends.cuda.results import SensitivitySolution
@@ -166,6 +168,9 @@ def test_kernel_is_compiled_for_the_host_launchs_argument_types(eb_small, kind):
     if cfg.warp:
         host += [cfg.plan.sched, cfg.plan.sched_f]
     assert arg_types(cfg.kernel_args, cfg.example()) == arg_types(cfg.kernel_args, host)
+    # the layout packs as many parameters as the host launch (launch_cubin) passes
+    assert expected_param_count(cfg.codes, cfg.in_ranks, cfg.out_ranks) == \
+        parameter_count(host)
 
 
 def test_failed_directions_make_nan_as_the_host_launch_does():
