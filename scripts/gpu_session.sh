@@ -164,13 +164,20 @@ for s in ${STEPS:-cb d first_run profile}; do
         step bench_cl 300 python scripts/bench_cl.py --config configs/planck_cl.yaml \
             --backend cuda --runs 3 --los-batch 1,auto --out "$JOB/cl" ;;
     sens_launch)
+        # SENS_PARTS (default "cl d"): which Jacobians, in that order for every launch
         for L in ${SENS_LAUNCHES:-host ffi}; do
-            step "cl_grad_sens_$L" 560 env BOLTZMANN_CUDA_SENS_LAUNCH="$L" python \
-                scripts/bench_cl.py --config configs/planck_cl.yaml --backend cuda --gradients \
-                --runs 3 --out "$JOB/cl_grad_sens_$L"
-            step "d_sens_$L" 400 env BOLTZMANN_CUDA_SENS_LAUNCH="$L" python scripts/bench_gpu.py \
-                --parts d --backends cuda --budget 380 --row-limit 360 --grad-sec config \
-                --grad-batch "${GRAD_BATCH:-64}" --out "$JOB/d_sens_$L"
+            for part in ${SENS_PARTS:-cl d}; do
+                if [ "$part" = cl ]; then
+                    step "cl_grad_sens_$L" 560 env BOLTZMANN_CUDA_SENS_LAUNCH="$L" python \
+                        scripts/bench_cl.py --config configs/planck_cl.yaml --backend cuda \
+                        --gradients --runs 3 --out "$JOB/cl_grad_sens_$L"
+                else
+                    step "d_sens_$L" 400 env BOLTZMANN_CUDA_SENS_LAUNCH="$L" python \
+                        scripts/bench_gpu.py --parts d --backends cuda --budget 380 \
+                        --row-limit 360 --grad-sec config --grad-batch "${GRAD_BATCH:-64}" \
+                        --out "$JOB/d_sens_$L"
+                fi
+            done
         done ;;
     cl_jvp)
         # the C_l Jacobian's spectra stage part by part, value against jvp
