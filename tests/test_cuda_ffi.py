@@ -61,6 +61,19 @@ def _array_slots(dump, pos, shape):
     return pos + 3 + 2 * r
 
 
+def check_slots(dump, kernel_args, shapes, scalars):
+    """Every kernel argument's slots in order: arrays by ``shapes``, scalars by ``scalars``
+    (their int64 bits), nothing after them."""
+    pos = 1
+    for name in kernel_args:
+        if name in shapes:
+            pos = _array_slots(dump, pos, shapes[name])
+        else:
+            assert dump[pos] == scalars[name], name
+            pos += 1
+    assert dump[0] == pos - 1 and np.all(dump[pos:] == -1)
+
+
 # ----------------------------------------------------------------------------- CPU: the library
 @needs_gxx
 def test_library_builds_and_exports_symbols():
@@ -214,14 +227,7 @@ def test_parameters_packed_as_numba_cuda_mlir_expects(per_trajectory):
               "t_out": (N,), "status": (N,), "n_accepted": (N,), "n_rejected": (N,)}
     scalars = {"rtol": _bits(1e-5), "n_weighted": _bits(1.0 if per_trajectory else 2.0),
                "n_traj": N}
-    pos = 1
-    for name in KERNEL_ARGS:
-        if name in shapes:
-            pos = _array_slots(dump, pos, shapes[name])
-        else:
-            assert dump[pos] == scalars[name], name
-            pos += 1
-    assert dump[0] == pos - 1 and np.all(dump[pos:] == -1)
+    check_slots(dump, KERNEL_ARGS, shapes, scalars)
 
 
 @needs_gxx

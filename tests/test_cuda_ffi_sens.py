@@ -28,7 +28,7 @@ from solver.backends.cuda.results import SensitivitySolution
 from solver.problem import SensitivitySpec
 from stiff_problems import ROBERTSON
 from test_cuda_backend import EB_ATOL, EB_RTOL, _eb_setup
-from test_cuda_ffi import _array_slots, _bits
+from test_cuda_ffi import _bits, check_slots
 from test_cuda_sensitivity import _eb_direction
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None,
@@ -75,17 +75,6 @@ def _dump(spec, y0, params, table, xs, x0, s0, dparams, dtable, **kw):
     return np.asarray(dump)[0]
 
 
-def _check_slots(dump, kernel_args, shapes, scalars):
-    pos = 1
-    for name in kernel_args:
-        if name in shapes:
-            pos = _array_slots(dump, pos, shapes[name])
-        else:
-            assert dump[pos] == scalars[name], name
-            pos += 1
-    assert dump[0] == pos - 1 and np.all(dump[pos:] == -1)
-
-
 @needs_gxx
 def test_thread_kernel_arguments_are_packed_in_order():
     """Robertson (no tables, the thread kernel): every SENS_KERNEL_ARGS entry, P = 3 padded to
@@ -104,7 +93,7 @@ def test_thread_kernel_arguments_are_packed_in_order():
               "ys": (N, 4, n), "dys": (m, N, 4, n), "t_out": (m, N), "status": (m, N),
               "n_accepted": (m, N), "n_rejected": (m, N)}
     scalars = {"rtol": _bits(1e-5), "n_weighted": _bits(2.0), "n_traj": N, "n_dir": m}
-    _check_slots(dump, SENS_KERNEL_ARGS, shapes, scalars)
+    check_slots(dump, SENS_KERNEL_ARGS, shapes, scalars)
 
 
 @needs_gxx
@@ -125,7 +114,7 @@ def test_warp_kernel_arguments_are_packed_with_padded_directions(eb_small):
               "sched": cfg.plan.sched.shape, "sched_f": cfg.plan.sched_f.shape}
     n_w = float(np.sum(spec.weights > 0))
     scalars = {"rtol": _bits(EB_RTOL), "n_weighted": _bits(n_w), "n_traj": N, "n_dir": mp}
-    _check_slots(dump, WARP_SENS_KERNEL_ARGS, shapes, scalars)
+    check_slots(dump, WARP_SENS_KERNEL_ARGS, shapes, scalars)
 
 
 def test_grid_is_the_host_launchs(eb_small):
