@@ -117,6 +117,15 @@ def test_warp_kernel_arguments_are_packed_with_padded_directions(eb_small):
     check_slots(dump, WARP_SENS_KERNEL_ARGS, shapes, scalars)
 
 
+def test_info_names_the_launch_and_the_kernels_registration(eb_small):
+    """``last_sensitivity_info`` of a custom-call launch: the launch and the registered kernel
+    (here the probe's stand-in: nothing compiled, no cache)."""
+    model, table, params, x0, y0, xs, s0, dparams, dtable, spec = _eb_case(eb_small, 2)
+    info = SensFfiConfig(BACKEND.ffi, spec, table.shape, "auto", None, probe=True).info()
+    assert info["launch"] == "xla-ffi" and info["kernel"] == "warp"
+    assert {"kernel_cache", "kernel_from_cache", "compile_seconds", "kernel_entry"} <= set(info)
+
+
 def test_grid_is_the_host_launchs(eb_small):
     """The handler launches ceil(N · lanes / threads_per_block) blocks: a block per
     (trajectory, group of nw directions) of nw warps for the warp kernel, a thread per

@@ -241,11 +241,13 @@ class CudaBackend(Backend):
         table = leaves[0] if spec.has_args else jnp.zeros(1)
         if self.sensitivity_launch == "ffi":
             self.ffi_library.load()      # FfiBuildError (with its reason) where it cannot be
+            # the kernel's registration (at trace time): the launch itself runs in the program
             self.last_sensitivity_info = {"launch": "xla-ffi"}
             return sensitivities_jax(
                 self.ffi, spec, y0, params, table, ts, t0, te, s0, dpp,
                 jnp.asarray(dargs[0], jnp.float64) if dargs else None, kernel_kind=self.kernel,
-                dir_warps=self.direction_warps, with_ys=with_ys, states=states)
+                dir_warps=self.direction_warps, with_ys=with_ys, states=states,
+                info=self.last_sensitivity_info)
         ops = [y0, params, table, ts, t0, te, s0, dpp]
         ops += [jnp.asarray(d, jnp.float64) for d in dargs]   # at most the one table leaf
 

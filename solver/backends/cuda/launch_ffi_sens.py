@@ -101,6 +101,19 @@ class SensFfiConfig:
                     stats=lau.stats, module_dir=lau.module_dir, entry="sens_kernel")
         return self._kernel
 
+    def info(self) -> dict:
+        """What the backend reports as ``last_sensitivity_info`` for this call: the kernel's
+        registration (cache state, compile or load seconds), no per-call timings -- the launch
+        runs inside the XLA program."""
+        kern = self.kernel()
+        return {"launch": "xla-ffi", "kernel": "warp" if self.warp else "thread",
+                "kernel_cache": kern.cache, "kernel_cache_key": kern.cache_key,
+                "kernel_from_cache": kern.from_cache, "compile_seconds": kern.compile_s,
+                "kernel_load_seconds": kern.load_s,
+                "cached_compile_seconds": kern.cached_compile_s, "kernel_entry": kern.func_name,
+                "cubin_bytes": kern.image_bytes, "local_mem_per_thread": kern.local_mem,
+                "regs_per_thread": kern.regs}
+
     def example(self) -> list:
         """Host values with the kernel's argument types, made as the host launch makes its
         arguments (one trajectory, one direction), so both compile for, and share, one
@@ -140,9 +153,10 @@ class SensFfiConfig:
 
 def sensitivities_jax(launcher, spec, y0, params, table, ts, t0, te, s0, dparams, dtable, *,
                       kernel_kind="auto", dir_warps=None, with_ys=False, states=None,
-                      probe=False):
+                      probe=False, info=None):
     """The sensitivity kernel's tangents as JAX arrays: dys (m, N, ns, k), or (ys (N, ns, k),
-    dys) with ``with_ys``; k = len(``states``) (the kept states) or n.
+    dys) with ``with_ys``; k = len(``states``) (the kept states) or n. ``info`` (a dict) gets
+    ``SensFfiConfig.info()``.
 
     y0 (N, n), params (N, P), table (the one args leaf, or a dummy (1,) without args), ts
     (N, ns), t0 and te (N,); s0 (m, N, n) and dparams (m, N, P) (zeros where not
@@ -182,6 +196,8 @@ def sensitivities_jax(launcher, spec, y0, params, table, ts, t0, te, s0, dparams
     if cfg.warp:
         inputs += [jnp.asarray(cfg.plan.sched, jnp.uint32), jnp.asarray(cfg.plan.sched_f, f8)]
     kern = cfg.kernel()
+    if info is not None and not probe:
+        info.update(cfg.info())
     out_types = [jax.ShapeDtypeStruct((N, ns, n), f8), jax.ShapeDtypeStruct((m_pad, N, ns, n), f8),
                  jax.ShapeDtypeStruct((m_pad, N), f8)] + \
         [jax.ShapeDtypeStruct((m_pad, N), jnp.int32)] * 3
