@@ -704,3 +704,38 @@ def test_source_chunks_one_cuda_launch_with_rows_jax_chunks_per_group():
         assert controlled in (True, False) and np.all(low[idx] == controlled)
         np.testing.assert_array_equal(pad[:idx.size], idx)
         assert pad.size == CHUNK and np.all(np.diff(k[idx]) > 0)
+
+
+def test_source_chunks_run_two_at_a_time_after_the_first(monkeypatch):
+    """On a CPU of two cores the JAX backend's source chunks run two at a time, the first alone
+    (it compiles the program), the results in the launches' order."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from boltzmann import gradients_ahead
+    from boltzmann.cmb.sources import _solve_side_by_side
+
+    monkeypatch.setattr(gradients_ahead, "parallel_solves", lambda: 2)
+    events, lock = [], threading.Lock()
+
+    def run(launch):
+        with lock:
+            events.append(("start", launch))
+        time.sleep(0.05)
+        with lock:
+            events.append(("end", launch))
+        return SimpleNamespace(ys=np.full(3, float(launch)))
+
+    out = _solve_side_by_side(run, list(range(5)))
+    assert [float(s.ys[0]) for s in out] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert events[:2] == [("start", 0), ("end", 0)]          # the first alone
+    running, most = 0, 0
+    for kind, _ in events:
+        running += 1 if kind == "start" else -1
+        most = max(most, running)
+    assert most == 2                                          # then two side by side
+    monkeypatch.setattr(gradients_ahead, "parallel_solves", lambda: 1)
+    events.clear()
+    _solve_side_by_side(run, list(range(3)))
+    assert [e for e, _ in events] == ["start", "end"] * 3    # one core: in turn

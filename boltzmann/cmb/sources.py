@@ -296,6 +296,30 @@ def evaluate_sources(program, ys, x, rows, table, bg: dict, streaming):
                    bg["tau0"], bg["tau_rec"], jnp.asarray(streaming))
 
 
+def _solve_side_by_side(run, launches) -> list:
+    """``run`` on every launch, in order. On a CPU of two or more cores (the JAX backend's
+    chunks) two at a time after the first, which compiles the program alone: XLA:CPU runs one
+    lock-step loop mostly on one core, so two executions side by side use both (as the P(k)
+    Jacobian's chunk groups do: ``gradients_ahead.parallel_solves``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..gradients_ahead import parallel_solves
+
+    workers = parallel_solves()
+    if workers < 2 or len(launches) < 3:
+        return [run(launch) for launch in launches]
+    first = run(launches[0])
+    jax.block_until_ready(first.ys)
+    with ThreadPoolExecutor(workers, "boltzmann-sources") as pool:
+        return [first] + list(pool.map(lambda launch: _finished(run(launch)), launches[1:]))
+
+
+def _finished(sol):
+    """``sol`` once its arrays are computed (a thread's solve is timed by its own wait)."""
+    jax.block_until_ready(sol.ys)
+    return sol
+
+
 def compute_sources(tables, cosmos, precision, model, l_max: int, *,
                     sampling: ClSampling = ClSampling(), lensing_modes: bool = False,
                     backend="auto", max_steps: int = 200_000) -> SourceGrid:
@@ -314,10 +338,15 @@ def compute_sources(tables, cosmos, precision, model, l_max: int, *,
     status = np.empty(k.size, int)
     n_acc = np.empty(k.size, int)
     weights = plan.error_weight_rows(model)
-    for idx, pad in plan.launches(backend):
-        sol = solve(model.rhs, y0[pad], x, rows[pad], args=tables.model_table, t0=x0[pad],
-                    rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
-                    error_weights=weights[pad], backend=backend, max_steps=int(max_steps))
+
+    def run(launch):
+        _, pad = launch
+        return solve(model.rhs, y0[pad], x, rows[pad], args=tables.model_table, t0=x0[pad],
+                     rtol=min(sampling.rtol, precision.rtol), atol=precision.atol,
+                     error_weights=weights[pad], backend=backend, max_steps=int(max_steps))
+
+    launches = plan.launches(backend)
+    for (idx, _), sol in zip(launches, _solve_side_by_side(run, launches)):
         m = idx.size
         solved.append(sol.ys[:m])
         status[idx] = np.asarray(sol.status)[:m]
