@@ -47,6 +47,8 @@ class FfiLauncher:
         #: "auto" (the warp kernel where the rhs allows it), "warp" or "thread"
         self.kernel = kernel
         self.configs = Cache("cuda.ffi_configs", maxsize=64)
+        #: the sensitivity kernel's custom calls (``launch_ffi_sens.SensFfiConfig``)
+        self.sens_configs = Cache("cuda.ffi_sens_configs", maxsize=64)
         self.stats = {"ffi_calls": 0, "kernels_registered": 0, "compile_seconds": 0.0}
 
     def config(self, rhs, n, P, has_args, rtol, atol, weights, max_steps, sparsity, controller,

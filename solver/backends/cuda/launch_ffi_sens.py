@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...caches import Cache
 from ...problem.inputs import is_tracer, norm_rows
 from ...problem.status import Status
 from .codegen import SENS_KERNEL_ARGS
@@ -39,11 +38,7 @@ from .plan import build_sens_plan, check_plan_split
 from .toolchain import THREADS_PER_BLOCK
 from .warp_plan import build_warp_plan
 
-__all__ = ["sensitivities_jax", "SensFfiConfig", "SENS_CONFIGS"]
-
-#: one configuration per (launcher, spec, kernel choice, table shape, probe): plan and kernel
-SENS_CONFIGS = Cache("cuda.ffi_sens_configs", maxsize=64)
-
+__all__ = ["sensitivities_jax", "SensFfiConfig"]
 
 class SensFfiConfig:
     """Static settings of one sensitivity custom call: the plan, the kernel's argument layout
@@ -169,8 +164,8 @@ def sensitivities_jax(launcher, spec, y0, params, table, ts, t0, te, s0, dparams
     f8 = jnp.float64
     N, n = y0.shape
     m, ns = s0.shape[0], ts.shape[1]
-    key = (launcher, spec, tuple(table.shape), kernel_kind, dir_warps, probe)
-    cfg = SENS_CONFIGS.get_or_build(key, lambda: SensFfiConfig(
+    key = (spec, tuple(table.shape), kernel_kind, dir_warps, probe)
+    cfg = launcher.sens_configs.get_or_build(key, lambda: SensFfiConfig(
         launcher, spec, table.shape, kernel_kind, dir_warps, probe))
     params_k = params if spec.P else jnp.zeros((N, 1), f8)
     dparams_k = dparams if spec.P else jnp.zeros((m, N, 1), f8)
@@ -233,8 +228,8 @@ def _nan_where_unreached(ys, dys, status):
 
 
 def _check(cfg, y0, t0, params, table, dparams):
-    """The host launch's checks (``SensFfiConfig.check``): now on concrete operands; else from
-    inside the program -- the whole check while the plan has not had it, afterwards only the
+    """The host launch's checks (``SensFfiConfig.check``), now on concrete operands, else from
+    inside the program: the whole check while the plan has not had it, afterwards only the
     tangents of the lookup's parameter columns (a few booleans to the host, not the table)."""
     import jax
     import jax.numpy as jnp
@@ -243,12 +238,18 @@ def _check(cfg, y0, t0, params, table, dparams):
     if plan.plain.split is None:     # no tables: nothing the host launch would check
         return
     moved = jnp.any(dparams != 0, axis=(0, 1)) if cfg.spec.P else jnp.zeros((0,), bool)
-    operands = (y0[0], t0[0], params[0], table, moved)
-    if not any(is_tracer(x) for x in operands):
-        cfg.check(*(np.asarray(x) for x in operands))
-    elif plan.plain.split_checked and plan.lookup_p is not None:
+    if plan.plain.split_checked and plan.lookup_p is not None:
+        # checked before: only the lookup columns' tangents (no table to the host)
         cols = np.asarray(plan.lookup_p, np.int64)
-        if cols.size:
+        if not cols.size:
+            return
+        if is_tracer(moved):
             jax.debug.callback(cfg.check_moved, moved[cols])
-    else:
+        else:
+            cfg.check_moved(np.asarray(moved[cols]))
+        return
+    operands = (y0[0], t0[0], params[0], table, moved)
+    if any(is_tracer(x) for x in operands):
         jax.debug.callback(cfg.check, *operands)
+    else:
+        cfg.check(*(np.asarray(x) for x in operands))
