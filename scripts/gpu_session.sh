@@ -34,6 +34,8 @@
 #              d) once per sensitivity launch in SENS_LAUNCHES (default "host ffi";
 #              BOLTZMANN_CUDA_SENS_LAUNCH: a host callback or the XLA FFI custom call), a
 #              process each, one cache folder
+#   compare    compare_sens_launch: the P(k) Jacobian with the host launch and the custom call in
+#              one process, bit for bit, first and warm seconds
 #   cl_jvp     profile_cl_jvp: the C_l Jacobian's spectra stage (line of sight, the rest) part
 #              by part, its value against its jvp along the solve's directions
 #   sources    profile_sources: the C_l sources' stage part by part on CUDA, one solve of both
@@ -179,6 +181,8 @@ for s in ${STEPS:-cb d first_run profile}; do
                 fi
             done
         done ;;
+    compare)
+        step compare 400 python scripts/compare_sens_launch.py --config lcdm --repeats 3 ;;
     cl_jvp)
         # the C_l Jacobian's spectra stage part by part, value against jvp
         step cl_jvp 400 python scripts/profile_cl_jvp.py --repeat 3 ;;
