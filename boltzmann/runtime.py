@@ -68,7 +68,7 @@ class Settings:
     direction_warps: the CUDA sensitivity kernel's direction warps per block at most
         (``solver.CudaBackend(direction_warps=)``), or None for the kernel's own;
     cuda_sensitivity_launch: how the CUDA backend's tangents are launched inside JAX programs
-        ("host" or "ffi"; ``solver.CudaBackend(sensitivity_launch=)``).
+        ("auto", "host" or "ffi"; ``solver.CudaBackend(sensitivity_launch=)``).
     """
 
     cache_root: Path | None = None
@@ -77,7 +77,7 @@ class Settings:
     cxx: str = "g++"
     host_threads: int | None = None
     direction_warps: int | None = None
-    cuda_sensitivity_launch: str = "host"
+    cuda_sensitivity_launch: str = "auto"
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ, *,
@@ -110,11 +110,12 @@ class Settings:
             raise ValueError(f"BOLTZMANN_DIRECTION_WARPS={warps!r}: give a positive integer (the "
                              "CUDA sensitivity kernel's direction warps per block at most) or "
                              "leave it unset")
-        sens_launch = environ.get("BOLTZMANN_CUDA_SENS_LAUNCH", "host").strip() or "host"
-        if sens_launch not in ("host", "ffi"):
-            raise ValueError(f"BOLTZMANN_CUDA_SENS_LAUNCH={sens_launch!r}: give 'host' (the "
-                             "sensitivity kernel from a host callback) or 'ffi' (an XLA FFI "
-                             "custom call), or leave it unset")
+        sens_launch = environ.get("BOLTZMANN_CUDA_SENS_LAUNCH", "auto").strip() or "auto"
+        if sens_launch not in ("auto", "host", "ffi"):
+            raise ValueError(f"BOLTZMANN_CUDA_SENS_LAUNCH={sens_launch!r}: give 'ffi' (an XLA "
+                             "FFI custom call), 'host' (the sensitivity kernel from a host "
+                             "callback), 'auto' or leave it unset (the custom call wherever the "
+                             "plain solve has the FFI launch)")
         return cls(cache_root=root, cuda_launch=environ.get("BOLTZMANN_CUDA_LAUNCH", "auto"),
                    ffi_library=Path(lib) if lib else None, cxx=environ.get("CXX") or "g++",
                    host_threads=pool,

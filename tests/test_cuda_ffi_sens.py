@@ -221,10 +221,23 @@ def test_lookup_columns_are_refused_eagerly_and_inside_a_program(eb_small):
 def test_settings_select_the_launch(monkeypatch):
     from boltzmann import runtime
 
-    assert runtime.Settings.from_environment({}).cuda_sensitivity_launch == "host"
-    s = runtime.Settings.from_environment({"BOLTZMANN_CUDA_SENS_LAUNCH": "ffi"})
-    assert s.cuda_sensitivity_launch == "ffi"
-    assert runtime.backend_for("cuda", s).sensitivity_launch == "ffi"
+    assert runtime.Settings.from_environment({}).cuda_sensitivity_launch == "auto"
+    assert CudaBackend().sensitivity_launch == "auto"
+    for launch in ("host", "ffi"):
+        s = runtime.Settings.from_environment({"BOLTZMANN_CUDA_SENS_LAUNCH": launch})
+        assert s.cuda_sensitivity_launch == launch
+        assert runtime.backend_for("cuda", s).sensitivity_launch == launch
+    # "auto" follows the plain solve's launch: the custom call with the FFI launch, the host
+    # callback where there is none (the emulator, numba's launch)
+    assert not CudaBackend(launch="emulated").sensitivity_via_ffi()
+    assert not CudaBackend(launch="numba").sensitivity_via_ffi()
+    auto = CudaBackend()
+    monkeypatch.setattr(auto, "use_ffi", lambda: True)
+    assert auto.sensitivity_via_ffi()
+    monkeypatch.setattr(auto, "use_ffi", lambda: False)
+    assert not auto.sensitivity_via_ffi()
+    assert not CudaBackend(sensitivity_launch="host").sensitivity_via_ffi()
+    assert CudaBackend(sensitivity_launch="ffi").sensitivity_via_ffi()
     with pytest.raises(ValueError, match="BOLTZMANN_CUDA_SENS_LAUNCH"):
         runtime.Settings.from_environment({"BOLTZMANN_CUDA_SENS_LAUNCH": "gpu"})
     with pytest.raises(ValueError, match="sensitivity_launch"):
@@ -253,7 +266,7 @@ def test_ffi_sensitivities_equal_the_host_launch_robertson():
     call per batch element), and the compiled program holds no host callback."""
     from solver.backends.cuda.ffi_library import TARGET_NAME
 
-    host, ffi = CudaBackend(), CudaBackend(sensitivity_launch="ffi")
+    host, ffi = CudaBackend(sensitivity_launch="host"), CudaBackend(sensitivity_launch="ffi")
     k = jnp.asarray(ROBERTSON.params)[None]
     for saved in (None, (0, 2)):
         want = jax.block_until_ready(jax.jit(_with_tangents(host, saved))(k))

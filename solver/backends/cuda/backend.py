@@ -13,10 +13,11 @@ How a solve reaches the GPU is the backend's ``launch``:
 
 Both GPU launches run the same cubin. Inside JAX programs (``solve_diff``, ``solve_with_tangents``)
 the value is the FFI custom call where that launch is available, and the tangents run as
-``sensitivity_launch`` says: ``"host"`` (default) a host callback (``jax.pure_callback``: the
-sensitivity kernel, or the emulator, on copies of the operands), ``"ffi"`` the sensitivity
-kernel's own XLA FFI custom call (``launch_ffi_sens``: operands and tangents stay on the GPU);
-both work eagerly, under ``jit`` and under ``vmap`` (sequentially).
+``sensitivity_launch`` says: ``"ffi"`` the sensitivity kernel's own XLA FFI custom call
+(``launch_ffi_sens``: operands and tangents stay on the GPU), ``"host"`` a host callback
+(``jax.pure_callback``: the sensitivity kernel, or the emulator, on copies of the operands),
+``"auto"`` (default) the custom call wherever the plain solve uses the FFI launch, else the
+callback; both work eagerly, under ``jit`` and under ``vmap`` (sequentially).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from .toolchain import check_cuda_packages, cuda_modules
 __all__ = ["CudaBackend", "LAUNCH_MODES", "SENSITIVITY_LAUNCHES", "KERNEL_KINDS"]
 
 LAUNCH_MODES = ("auto", "ffi", "numba", "emulated")
-SENSITIVITY_LAUNCHES = ("host", "ffi")
+SENSITIVITY_LAUNCHES = ("auto", "host", "ffi")
 KERNEL_KINDS = ("auto", "warp", "thread")
 _LINEAR_SOLVERS = ("auto", "dense", "sparse")
 
@@ -66,9 +67,10 @@ class CudaBackend(Backend):
         is one trajectory; its warp 0 also carries the state, its factorisation and stage
         solves, shared by the block's directions): None (default) the most its shared memory
         allows, up to four; 1 gives every (trajectory, direction) a block of its own.
-    sensitivity_launch: how the tangents inside JAX programs reach the GPU: "host" (default) a
-        host callback that launches the sensitivity kernel on copies of its operands, "ffi" the
-        kernel as an XLA FFI custom call on XLA's stream (no copies; module docstring).
+    sensitivity_launch: how the tangents inside JAX programs reach the GPU: "ffi" the kernel as
+        an XLA FFI custom call on XLA's stream (no copies), "host" a host callback that launches
+        the sensitivity kernel on copies of its operands, "auto" (default) the custom call where
+        the plain solve has the FFI launch (``use_ffi()``), else the callback (module docstring).
 
     ``linear_solver`` is accepted by ``solve`` for API compatibility; the kernel always uses the
     compiled unpivoted sparse LU (for a dense pattern that is a dense unpivoted LU).
@@ -78,7 +80,7 @@ class CudaBackend(Backend):
 
     def __init__(self, launch: str = "auto", cache_root: Path | str | None = None, *,
                  ffi_library: Path | str | None = None, cxx: str = "g++", kernel: str = "auto",
-                 direction_warps: int | None = None, sensitivity_launch: str = "host"):
+                 direction_warps: int | None = None, sensitivity_launch: str = "auto"):
         if launch not in LAUNCH_MODES:
             raise ValueError(f"CudaBackend: launch must be one of {LAUNCH_MODES}, got {launch!r}")
         if sensitivity_launch not in SENSITIVITY_LAUNCHES:
@@ -181,6 +183,13 @@ class CudaBackend(Backend):
                                    kernel_cache=self.kernel_cache, kernel_kind=self.kernel,
                                    dir_warps=self.direction_warps, saved_states=saved_states, **kw)
 
+    def sensitivity_via_ffi(self) -> bool:
+        """Whether the tangents inside JAX programs run as the sensitivity kernel's custom call
+        (``sensitivity_launch``; "auto" follows the plain solve's launch)."""
+        if self.sensitivity_launch == "auto":
+            return not self.emulated and self.use_ffi()
+        return self.sensitivity_launch == "ffi"
+
     def solve_ys(self, spec, y0, params, args, ts, t0, te):
         """The plain kernel inside a JAX program: the XLA FFI custom call when ``use_ffi()``
         (its image from the kernel cache, as for ``solve``), else a host callback (a numba
@@ -239,7 +248,7 @@ class CudaBackend(Backend):
         s0 = jnp.zeros((m, N, n)) if dy0 is None else jnp.asarray(dy0, jnp.float64)
         dpp = jnp.zeros((m, N, spec.P)) if dp is None else jnp.asarray(dp, jnp.float64)
         table = leaves[0] if spec.has_args else jnp.zeros(1)
-        if self.sensitivity_launch == "ffi":
+        if self.sensitivity_via_ffi():
             self.ffi_library.load()      # FfiBuildError (with its reason) where it cannot be
             # the kernel's registration (at trace time): the launch itself runs in the program
             self.last_sensitivity_info = {"launch": "xla-ffi"}
