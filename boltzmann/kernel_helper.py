@@ -150,7 +150,10 @@ def start(fn, theta=None) -> KernelHelper | None:
     atomic_write(spec, pickle.dumps({
         "config": fn.config, "kwargs": fn.construction_kwargs, "theta": np.asarray(theta),
         "backend": {"launch": backend.launch, "cache_root": backend.cache_root,
-                    "kernel": backend.kernel, "direction_warps": backend.direction_warps},
+                    "kernel": backend.kernel, "direction_warps": backend.direction_warps,
+                    # JAX runs on the host there: the kernel from the host callback (one
+                    # kernel-cache entry serves the custom call too)
+                    "sensitivity_launch": "host"},
         "cache_root": runtime.persistent_dir(""), "marker": marker, "key": key,
         "started_at": time.time()}))
     env = dict(os.environ, JAX_PLATFORMS="cpu")   # JAX on the host only: no GPU memory taken

@@ -233,6 +233,9 @@ def test_settings_select_the_launch(monkeypatch):
     assert not CudaBackend(launch="numba").sensitivity_via_ffi()
     auto = CudaBackend()
     monkeypatch.setattr(auto, "use_ffi", lambda: True)
+    # JAX on the host (this machine; the kernel helper's process): the callback
+    assert auto.sensitivity_via_ffi() == (jax.default_backend() == "gpu")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert auto.sensitivity_via_ffi()
     monkeypatch.setattr(auto, "use_ffi", lambda: False)
     assert not auto.sensitivity_via_ffi()

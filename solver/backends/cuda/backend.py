@@ -185,9 +185,12 @@ class CudaBackend(Backend):
 
     def sensitivity_via_ffi(self) -> bool:
         """Whether the tangents inside JAX programs run as the sensitivity kernel's custom call
-        (``sensitivity_launch``; "auto" follows the plain solve's launch)."""
+        (``sensitivity_launch``; "auto" follows the plain solve's launch, and takes the
+        callback where JAX itself runs on the host: a process that only compiles kernels)."""
         if self.sensitivity_launch == "auto":
-            return not self.emulated and self.use_ffi()
+            import jax
+
+            return not self.emulated and jax.default_backend() == "gpu" and self.use_ffi()
         return self.sensitivity_launch == "ffi"
 
     def solve_ys(self, spec, y0, params, args, ts, t0, te):
