@@ -51,7 +51,8 @@ def compute(config, *, backend="auto", gradients: bool = False) -> Result:
     integrates over the extra modes it needs), ``result.z`` (``output.z``, then the
     ``output.z_background`` redshifts not among them), ``result.spectra.pk_m``/``pk_cb``
     (1, Z, K) [Mpc^3], ``result.spectra.sigma8``/``sigma8_cb`` (1, Z),
-    ``result.transfers.fields[name]`` (1, Z, K) in CLASS's normalisation,
+    ``result.transfers.fields[name]`` (1, Z, K') in CLASS's normalisation on
+    ``result.transfers.k`` (K' = K unless ``precision.k_solve_stride`` > 1 solves fewer),
     ``result.tables.derived`` (z_reio, z_rec, z_star, z_drag); ``derived_parameters(result)``
     gives classy's derived numbers. Failed modes are listed by ``result.failures()``.
     Not differentiable (concrete numbers); use ``power_spectrum`` for derivatives.

@@ -127,7 +127,8 @@ def _check_failures(result) -> None:
         ks = sorted({k for _, k, _ in failed})
         shown = ", ".join(f"{x:.4g}" for x in ks[:8]) + (", ..." if len(ks) > 8 else "")
         why = "; ".join(sorted({reason for _, _, reason in failed}))
-        raise CliError(f"perturbation solve failed for {len(ks)} of {result.k.shape[1]} k modes: "
+        raise CliError(f"perturbation solve failed for {len(ks)} of "
+                       f"{result.transfers.k.shape[1]} k modes: "
                        f"k = {shown} 1/Mpc ({why})")
     for name, pk in (("P_m", result.spectra.pk_m), ("P_cb", result.spectra.pk_cb)):
         bad = ~np.all(np.isfinite(pk[0]), axis=0)
@@ -258,6 +259,9 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
     s8, problems = _sigma8(result, "d_m", spec.sigma8)
     s8_cb, problems_cb = _sigma8(result, "d_cb", spec.sigma8_cb)
     problems += problems_cb
+    # on the transfers' own wavenumbers: the solved modes (fewer than P(k)'s with
+    # precision.k_solve_stride > 1, whose other modes are splined in P alone)
+    k_transfers = np.asarray(result.transfers.k[0], dtype=float)
     transfers = {z: {name: v[0, iz_of[z]] for name, v in result.transfers.fields.items()}
                  for z in zs}
 
@@ -265,7 +269,8 @@ def _run(args, settings, counter, run: Callable | None, out_stream, err_stream) 
     name = getattr(config, "name", None) or config_path.stem
     comments = [f"config: {config_path} ({name}); backend: {result.backend}"]
     written = [output.write_pk_csv(out_dir / output.PK_FILE, k, pk_m, pk_cb, zs, comments=comments),
-               output.write_tk_csv(out_dir / output.TK_FILE, k, transfers, zs, comments=comments)]
+               output.write_tk_csv(out_dir / output.TK_FILE, k_transfers, transfers, zs,
+                                         comments=comments)]
     background = _write_background(config, result, out_dir, comments)
     if background is not None:
         written.append(background)

@@ -5,8 +5,11 @@
 choice — they then share one generated perturbation model):
 
 1. ``tables.compute_tables`` — background + thermodynamics of every cosmology at once;
-2. ``perturbations.compute_perturbations`` — every (cosmology, k) mode in one ensemble solve;
-3. ``spectra.compute_spectra`` — P_m, P_cb and σ8 per cosmology.
+2. ``perturbations.compute_perturbations`` — every solved (cosmology, k) mode in one ensemble
+   solve: every mode of the k axis, or with ``precision.k_solve_stride`` > 1 the sparser
+   sampling above ``k_solve_dense_below`` that ``k_sampling.choose`` picks;
+3. ``spectra.compute_spectra`` — P_m, P_cb (filled in by the sampling's spline at the modes not
+   solved) and σ8 per cosmology.
 
 A single cosmology is an ensemble of one (``boltzmann.pipeline.run``), so the two cannot
 disagree. The compiled programs of every stage are cached per model and grid, so a second call
@@ -27,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import modes
+from . import k_sampling, modes
 from .params import Config, CosmoParams, load_config
 from .perturbations import MAX_STEPS, Transfers, compute_perturbations
 from .progress import null_progress
@@ -50,8 +53,10 @@ class StructureMismatch(ValueError):
 class Result:
     """Everything computed for C cosmologies (C = 1 for ``pipeline.run``).
 
-    cosmologies: the C CosmoParams; tables (stage 1), transfers (stage 2: fields (C, Z, K)),
-    spectra (stage 3: P(k) (C, Z, K), σ8 (C, Z)), on the requested k and at ``z`` (``output.z``,
+    cosmologies: the C CosmoParams; tables (stage 1), transfers (stage 2: fields (C, Z, K') on
+    their own ``transfers.k``: the solved modes among the requested ones, all of them unless
+    ``precision.k_solve_stride`` > 1), spectra (stage 3: P(k) (C, Z, K), σ8 (C, Z)) on the
+    requested k (``k``), all at ``z`` (``output.z``,
     then the ``output.z_background`` redshifts not among them); timings: seconds per stage (tables,
     perturbations, spectra, total, and gradients when computed; ``transfers.timings`` splits the
     perturbations); gradients: with
@@ -72,8 +77,9 @@ class Result:
 
     @property
     def k(self) -> np.ndarray:
-        """(C, K) wavenumbers [1/Mpc]."""
-        return self.transfers.k
+        """(C, K) wavenumbers [1/Mpc] of P(k) (the transfers' own are ``transfers.k``: fewer
+        with ``precision.k_solve_stride`` > 1)."""
+        return self.spectra.k
 
     @property
     def z(self) -> tuple:
@@ -169,7 +175,8 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     (``modes.sigma8_grid``; P(k) and transfers are reported on the requested grid only) and list
     σ8 values whose k range is still too narrow in ``spectra.problems``.
     Redshifts: ``output.z``, then ``output.z_background``'s others (``OutputSpec.z_solve``).
-    Failed modes are reported in ``result.failures()`` (their P and the cosmology's σ8 are NaN).
+    Failed modes are reported in ``result.failures()`` (their P and the cosmology's σ8 are NaN;
+    with ``precision.k_solve_stride`` > 1 so are the P filled in from the solved modes).
     """
     require_float64()
     t_start = time.perf_counter()
@@ -191,14 +198,17 @@ def run_ensemble(cosmologies: Sequence[CosmoParams], precision, output, *,
     keep = np.arange(k.shape[1])
     if check_sigma8_coverage:  # σ8 gets the k range it needs, P(k) stays on the requested grid
         k, k_h, keep = modes.sigma8_grid(k, k_h, [float(c.h) for c in cosmologies])
-    transfers = compute_perturbations(tables, stacked, k, output.z_solve, precision, model,
-                                      k_h=k_h, backend=backend, progress=progress,
-                                      max_steps=max_steps)
+    # one sampling for all: the cosmologies share one k axis
+    sampling = k_sampling.choose(k, k_h, [float(c.h) for c in cosmologies], precision)
+    transfers = compute_perturbations(tables, stacked, sampling.k_solved, output.z_solve,
+                                      precision, model, k_h=sampling.k_h_solved, backend=backend,
+                                      progress=progress, max_steps=max_steps)
     timings["perturbations"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    spectra = compute_spectra(transfers, stacked, check_coverage=check_sigma8_coverage)
-    transfers, spectra = on_requested_k(transfers, spectra, keep)
+    spectra = compute_spectra(transfers, stacked, check_coverage=check_sigma8_coverage,
+                              sampling=sampling)
+    transfers, spectra = on_requested_k(transfers, spectra, keep, sampling)
     timings["spectra"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     return Result(cosmologies=cosmologies, tables=tables, transfers=transfers, spectra=spectra,

@@ -67,7 +67,7 @@ from solver.backends.registry import resolve_backend
 from solver.persisted import PersistedProgram
 
 from . import derived as derived_mod
-from . import distances, fluid_phases, modes
+from . import distances, fluid_phases, k_sampling, modes
 from .gradients_ahead import AheadOfCall, parallel_solves, run_on_host, solve_sharding
 from .params import ConfigError, CosmoParams
 from .perturbations import (MAX_STEPS, chunk_groups, mode_inputs, observables,
@@ -112,9 +112,13 @@ class PowerSpectrumFunction(AheadOfCall):
     Outputs besides the spectra, each differentiable in θ like them:
 
     * σ8 integrates P(k) over 1e-3..5 h/Mpc whatever ``k`` asks for: the modes it needs beyond
-      the request are solved along (``modes.sigma8_grid``, as the CLI does; ``f.k_solve`` are
-      all solved wavenumbers, ``f.keep`` where the requested ones sit) and P(k), d_m are
+      the request are solved along (``modes.sigma8_grid``, as the CLI does; ``f.k_axis`` are
+      all those wavenumbers, ``f.keep`` where the requested ones sit) and P(k), d_m are
       reported on the request only;
+    * with ``precision.k_solve_stride`` > 1 only ``f.k_solve`` (``f.sampling.solved`` of
+      ``f.k_axis``) are solved, as ``run_ensemble`` does, and P, d_m at the others come from
+      the spline of ln P (ln|d_m|) in ln k through them (``boltzmann.k_sampling``): the same
+      linear map carries the tangents, so ∂ln P/∂θ is the spline of the solved ones;
     * ``BACKGROUND_OUTPUTS`` at the redshifts ``f.z_background``: "H" [1/Mpc], "D_A", "D_M",
       "D_H" [Mpc], "f" (dln D/dln a), "D" (growth factor, D(0) = 1) — ``boltzmann.distances``,
       the functions background.csv is written with;
@@ -175,8 +179,11 @@ class PowerSpectrumFunction(AheadOfCall):
         self.derived = _derived_names(derived)
         self.x_save, _ = modes.save_times(self.z)
         self.weights = modes.error_weights(self.model, prec.baryon_error_weight)
-        self.k_solve, self.keep = _solve_grid(self.k, float(cosmo.h), bool(with_sigma8))
-        self.with_sigma8 = bool(with_sigma8) and self.k_solve.size >= 5
+        self.k_axis, self.keep = _solve_grid(self.k, float(cosmo.h), bool(with_sigma8))
+        self.with_sigma8 = bool(with_sigma8) and self.k_axis.size >= 5
+        #: the modes solved (all, or fewer above ``k_solve_dense_below``: module k_sampling)
+        self.sampling = k_sampling.choose(self.k_axis[None], None, [float(cosmo.h)], prec)
+        self.k_solve = self.k_axis[self.sampling.solved]
         # fixed start times from the fiducial cosmology (see module docstring)
         rows0 = modes.mode_rows(self.model, _one(cosmo), self.k_solve[None], self.grid)
         self.x0, _ = modes.initial_states(self.model, rows0, prec.k_tau_ini, prec.omega_tau_ini)
@@ -308,10 +315,11 @@ class PowerSpectrumFunction(AheadOfCall):
         """The outputs from θ, the solved states and the background outputs."""
         cosmo = _one(self.cosmology(theta))
         fields = transfers_of_states(ys, rows, table, self.k_solve[None], self.z, self.model)
-        spec = power_spectra(fields, self.k_solve[None], cosmo, with_sigma8=self.with_sigma8)
+        spec = power_spectra(fields, self.k_axis[None], cosmo, with_sigma8=self.with_sigma8,
+                             sampling=self.sampling)
         keep = self.keep
         out = {"P_m": spec["P_m"][0][:, keep], "P_cb": spec["P_cb"][0][:, keep],
-               "d_m": fields["d_m"][0][:, keep]}
+               "d_m": self.sampling.fill_transfer(fields["d_m"][0])[:, keep]}
         if self.with_sigma8:
             out["sigma8"] = spec["sigma8"][0]
             out["sigma8_cb"] = spec["sigma8_cb"][0]
@@ -422,8 +430,9 @@ class PowerSpectrumFunction(AheadOfCall):
         inputs at θ and their tangents along each parameter (dy0 (m, n_k, n), dparams (m, n_k, P),
         dargs (m, 1, …) for the table), with the solve options — the keyword arguments of
         ``solver.sensitivity.joint_solve`` (plus ``rhs``), e.g. to count a direction's steps
-        (scripts/sensitivity_steps.py).  Its modes are ``k_solve`` (the requested ``k`` sit at
-        ``keep``; the others are σ8's).  ``observables(ys, rows, table)`` maps a solve's states
+        (scripts/sensitivity_steps.py).  Its modes are ``k_solve``: ``k_axis`` (the requested
+        ``k`` sit at ``keep``; the others are σ8's) or, with ``k_solve_stride`` > 1, its
+        ``sampling.solved``.  ``observables(ys, rows, table)`` maps a solve's states
         (n_k, n_save, n) to the model's observables at the save times."""
         theta = self.theta0 if theta is None else jnp.asarray(theta, jnp.float64)
 

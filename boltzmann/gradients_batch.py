@@ -78,7 +78,9 @@ class PowerSpectrumBatch:
         n_chunks = max(1, min(int(n_chunks), order.size))
         size = int(math.ceil(order.size / n_chunks))
         chunks = [order[i:i + size] for i in range(0, order.size, size)]
-        return {"k": k, "x0": x0, "chunks": chunks}
+        # the P(k) axis the solved modes ``k`` are part of (fn.sampling fills in the others)
+        k_axis = np.broadcast_to(fn.k_axis, (C, fn.k_axis.size)).copy()
+        return {"k": k, "k_axis": k_axis, "x0": x0, "chunks": chunks}
 
     # -- the stages on C cosmologies (traceable in thetas)
     def _cosmologies(self, thetas):
@@ -109,10 +111,11 @@ class PowerSpectrumBatch:
         fn = self.fn
         cosmos = self._cosmologies(thetas)
         fields = transfers_of_states(ys, rows, table, lay["k"], fn.z, fn.model)
-        spec = power_spectra(fields, lay["k"], cosmos, with_sigma8=fn.with_sigma8)
+        spec = power_spectra(fields, lay["k_axis"], cosmos, with_sigma8=fn.with_sigma8,
+                             sampling=fn.sampling)
         keep = fn.keep
         out = {"P_m": spec["P_m"][:, :, keep], "P_cb": spec["P_cb"][:, :, keep],
-               "d_m": fields["d_m"][:, :, keep]}
+               "d_m": fn.sampling.fill_transfer(fields["d_m"])[:, :, keep]}
         if fn.with_sigma8:
             out["sigma8"] = spec["sigma8"]
             out["sigma8_cb"] = spec["sigma8_cb"]

@@ -10,7 +10,9 @@ pk.csv
     so ``numpy.loadtxt(path, delimiter=",")`` reads the numbers of either and `read_pk_csv`
     reads the column names too.
 tk.csv
-    Same conventions; columns ``k_1/Mpc`` then, for each z in order, one block of transfer
+    Same conventions; columns ``k_1/Mpc`` (the solved wavenumbers: pk.csv's, or fewer of them
+    with ``precision.k_solve_stride`` > 1, whose other P(k) are splined) then, for each z in
+    order, one block of transfer
     functions named ``<CLASS name>_z<z>`` (e.g. ``d_m_z0``, ``d_ncdm[0]_z0.5``, ``t_b_z1``), in
     CLASS 'class' normalisation (unit primordial curvature; d_* density contrasts, t_* velocity
     divergences theta in 1/Mpc, synchronous gauge).

@@ -375,12 +375,16 @@ def _sigma8_all(k, k_h, pk, h):
                                           R_max_sampling=r_max))(pk, h)
 
 
-def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True) -> dict:
+def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True,
+                  sampling=None) -> dict:
     """{P_m, P_cb: (C, Z, K); sigma8, sigma8_cb: (C, Z)} from transfer fields (C, Z, K); traceable
     in the fields and in ``cosmos`` (stacked CosmoParams); ``k`` (C, K) concrete, or traced when
-    the grid is given in h/Mpc (``k_h``)."""
+    the grid is given in h/Mpc (``k_h``). ``sampling``: a ``k_sampling.KSampling`` of the axis
+    ``k`` when the fields hold only its solved modes (K' of them): P_m and P_cb are computed
+    there, filled onto the whole axis by its spline of ln P, and σ8 integrates over the axis."""
     if k_h is None:
         k = np.asarray(k, np.float64)
+    fill = sampling is not None and not sampling.every_mode
     d_m = jnp.asarray(fields["d_m"])
     if "d_cb" in fields:
         d_cb = jnp.asarray(fields["d_cb"])
@@ -390,8 +394,12 @@ def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True) -> d
         d_cb = cb_transfer(fields["d_cdm"], fields["d_b"], w_c, w_b)
     A_s, n_s, k_pivot = _primordial(cosmos)
     kk = jnp.asarray(k)[:, None, :]
+    if fill:
+        kk = kk[..., sampling.solved]
     out = {"P_m": power_from_transfer(kk, d_m, A_s, n_s, k_pivot),
            "P_cb": power_from_transfer(kk, d_cb, A_s, n_s, k_pivot)}
+    if fill:
+        out = {name: sampling.fill_power(p) for name, p in out.items()}
     if with_sigma8:
         h = jnp.asarray(cosmos.h)
         for name, key in (("sigma8", "P_m"), ("sigma8_cb", "P_cb")):
@@ -400,29 +408,38 @@ def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True) -> d
     return out
 
 
-def _spectra_program(k_h: np.ndarray, with_sigma8: bool, names: tuple):
+def _spectra_program(k_h: np.ndarray, with_sigma8: bool, names: tuple, sampling=None):
     """``power_spectra`` on an h/Mpc grid ``k_h`` compiled once (k and the fields traced)."""
     def build():
-        return jax.jit(lambda fields, k, cosmos: power_spectra(fields, k, cosmos, k_h=k_h,
-                                                               with_sigma8=with_sigma8))
-    return _SPECTRA_PROGRAMS.get_or_build((k_h.tobytes(), with_sigma8, names), build)
+        return jax.jit(lambda fields, k, cosmos: power_spectra(
+            fields, k, cosmos, k_h=k_h, with_sigma8=with_sigma8, sampling=sampling))
+    key = (k_h.tobytes(), with_sigma8, names)
+    if sampling is not None and not sampling.every_mode:   # its solved modes set the program
+        key += (sampling.solved.tobytes(),)
+    return _SPECTRA_PROGRAMS.get_or_build(key, build)
 
 
-def compute_spectra(transfers, cosmos, *, check_coverage: bool = True) -> Spectra:
+def compute_spectra(transfers, cosmos, *, check_coverage: bool = True,
+                    sampling=None) -> Spectra:
     """Stage 3: P_m, P_cb and σ8 of every cosmology from a ``perturbations.Transfers``.
 
     ``cosmos``: the stacked CosmoParams of the transfers' cosmologies. With ``check_coverage``,
-    every σ8 whose k range misses more than 1e-4 of it is listed in ``problems``.
+    every σ8 whose k range misses more than 1e-4 of it is listed in ``problems``. ``sampling``:
+    the ``k_sampling.KSampling`` whose solved modes the transfers hold; the spectra are then on
+    its whole axis (``sampling.k``, ``sampling.k_h``), P filled in by its spline.
     """
-    k = np.asarray(transfers.k)
+    if sampling is None or sampling.every_mode:
+        k, k_h = np.asarray(transfers.k), transfers.k_h
+    else:
+        k, k_h = np.asarray(sampling.k), sampling.k_h
     C, K = k.shape
     with_sigma8 = K >= 5
     names = ("d_m", "d_cb") if "d_cb" in transfers.fields else ("d_m", "d_cdm", "d_b")
     used = {n: transfers.fields[n] for n in names}
-    if transfers.k_h is None:
-        spectra = power_spectra(used, k, cosmos, with_sigma8=with_sigma8)
+    if k_h is None:
+        spectra = power_spectra(used, k, cosmos, with_sigma8=with_sigma8, sampling=sampling)
     else:
-        spectra = _spectra_program(np.asarray(transfers.k_h, np.float64), with_sigma8, names)(
+        spectra = _spectra_program(np.asarray(k_h, np.float64), with_sigma8, names, sampling)(
             used, jnp.asarray(k), cosmos)
     out = {n: np.asarray(v) for n, v in jax.device_get(spectra).items()}
     problems = []
@@ -448,9 +465,11 @@ def compute_spectra(transfers, cosmos, *, check_coverage: bool = True) -> Spectr
                    sigma8=out["sigma8"], sigma8_cb=out["sigma8_cb"], problems=problems)
 
 
-def on_requested_k(transfers, spectra: Spectra, keep):
-    """(transfers, spectra) cut to the requested wavenumbers ``keep`` (indices into their k),
-    after σ8 was integrated over all of them (``boltzmann.modes.sigma8_grid`` added the rest).
+def on_requested_k(transfers, spectra: Spectra, keep, sampling=None):
+    """(transfers, spectra) cut to the requested wavenumbers ``keep`` (indices into the spectra's
+    k), after σ8 was integrated over all of them (``boltzmann.modes.sigma8_grid`` added the rest).
+    ``sampling``: the ``k_sampling.KSampling`` whose solved modes the transfers hold (None: all
+    modes); the transfers keep the solved modes among the requested ones.
 
     A failed added mode leaves no trace in the cut transfers, so it is named in ``problems``
     (σ8 of that cosmology is NaN).
@@ -459,18 +478,23 @@ def on_requested_k(transfers, spectra: Spectra, keep):
     K = spectra.k.shape[1]
     if keep.size == K:
         return transfers, spectra
-    dropped = np.setdiff1d(np.arange(K), keep)
+    # the transfers' own indices: the place of each solved mode among the solved ones
+    solved = np.arange(K) if sampling is None else np.asarray(sampling.solved)
+    place = np.full(K, -1)
+    place[solved] = np.arange(solved.size)
+    keep_t = place[keep][place[keep] >= 0]
+    dropped = np.setdiff1d(np.arange(solved.size), keep_t)
     problems = list(spectra.problems)
     for c, i in zip(*np.nonzero(np.asarray(transfers.status)[:, dropped] != 0)):
-        message = (f"the mode k = {spectra.k[c, dropped[i]]:.4g} 1/Mpc, added to the requested "
+        message = (f"the mode k = {transfers.k[c, dropped[i]]:.4g} 1/Mpc, added to the requested "
                    f"k range for sigma8, failed (solver status {transfers.status[c, dropped[i]]})")
         problems += [(int(c), name, z, message) for name in ("d_m", "d_cb") for z in spectra.z]
     cut = dataclasses.replace(
-        transfers, k=transfers.k[:, keep],
-        k_h=None if transfers.k_h is None else transfers.k_h[keep],
-        fields={name: v[..., keep] for name, v in transfers.fields.items()},
-        status=transfers.status[:, keep], n_accepted=transfers.n_accepted[:, keep],
-        n_rejected=transfers.n_rejected[:, keep])
+        transfers, k=transfers.k[:, keep_t],
+        k_h=None if transfers.k_h is None else transfers.k_h[keep_t],
+        fields={name: v[..., keep_t] for name, v in transfers.fields.items()},
+        status=transfers.status[:, keep_t], n_accepted=transfers.n_accepted[:, keep_t],
+        n_rejected=transfers.n_rejected[:, keep_t])
     return cut, dataclasses.replace(spectra, k=spectra.k[:, keep], pk_m=spectra.pk_m[..., keep],
                                     pk_cb=spectra.pk_cb[..., keep], problems=problems,
                                     sigma8_k=spectra.k)

@@ -6,7 +6,9 @@
     rtol = atol.
 (b) ΛCDM P(k) (configs/lcdm.yaml: one 0.06 eV neutrino, default precision, its k grid and
     redshifts) for 1, 16, 128, 1024 cosmologies per launch through boltzmann/ensemble.py
-    (fiducial_ensemble: ±5% Latin hypercube in omega_b, omega_cdm, h, n_s, A_s), CUDA vs JAX.
+    (fiducial_ensemble: ±5% Latin hypercube in omega_b, omega_cdm, h, n_s, A_s), CUDA vs JAX;
+    at each ``--k-solve-stride`` (precision.k_solve_stride: every mode solved, or every N-th
+    above k_solve_dense_below and P splined there; default the config's), a row each.
 (c) One cosmology, params -> P(k) and σ8, wall time end to end, warm.
 (d) Gradients: the full Jacobian ∂P(k)/∂θ of one cosmology (all parameters of
     boltzmann.gradients.PARAMETERS that the config has) against ONE P(k) from the same
@@ -256,41 +258,62 @@ def _eb_work(cfg, report, work):
         return None
 
 
+def _with_stride(cfg, stride: int):
+    """``cfg`` with precision.k_solve_stride = ``stride`` (k_solve_dense_below its own)."""
+    return dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision,
+                                                                  k_solve_stride=int(stride)))
+
+
+def _solved_modes(cfg) -> int:
+    """Modes a launch solves per cosmology at the config's k_solve_stride (the fiducial's grid)."""
+    from boltzmann import k_sampling
+
+    h = float(cfg.cosmology.h)
+    k = cfg.output.k_grid(h)
+    k_h = cfg.output.k_grid(1.0) if cfg.output.k_values is None else None
+    return int(k_sampling.choose(k[None], k_h, [h], cfg.precision).solved.size)
+
+
 def run_eb(args, report, budget, work):
     from boltzmann import ensemble
 
     cfg = _eb_setup(args)
     K = len(cfg.output.k_grid(float(cfg.cosmology.h)))
+    strides = args.k_solve_stride or [int(cfg.precision.k_solve_stride)]
     backends = [b for b in args.backends if b in ("cuda", "jax")]
     report.print(f"\n## (b) ΛCDM P(k): {args.config}{' (quick: reduced precision)' if args.quick else ''}"
                  f", {K} k, z = {list(cfg.output.z)}, rtol {cfg.precision.rtol:g}; cosmologies "
-                 f"per launch {args.cosmologies}; fiducial_ensemble ±5%")
+                 f"per launch {args.cosmologies}; fiducial_ensemble ±5%; k_solve_stride "
+                 f"{strides} above {cfg.precision.k_solve_dense_below:g} h/Mpc (trajectories: "
+                 f"the solved modes)")
     w = None if args.no_work else _eb_work(cfg, report, work)
-    report.print("| cosmologies | backend | trajectories | first call [s] | warm [ms/launch] | "
-                 "ms/cosmology | cosmologies/s | trajectories/s | steps median / max | tables / "
-                 "ICs / solve / spectra [ms] | GFLOP/s (est.) | note |")
-    report.print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    report.print("| cosmologies | k stride | backend | trajectories | first call [s] | "
+                 "warm [ms/launch] | ms/cosmology | cosmologies/s | trajectories/s | steps "
+                 "median / max | tables / ICs / solve / spectra [ms] | GFLOP/s (est.) | note |")
+    report.print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = report.data["eb"]
     dead = {}
-    for C in args.cosmologies:
+    for C, b, stride in ((C, b, s) for C in args.cosmologies for b in backends
+                         for s in strides):
         cosmos = ensemble.fiducial_ensemble(C, cfg)
-        for b in backends:
-            key = f"eb:{b}"
-            row = {"key": key, "size": C, "backend": b, "trajectories": C * K}
-            if b in dead:
-                row.update(status="skipped", note=dead[b])
-            elif b == "jax" and C > args.jax_max_cosmologies:
-                row.update(status="skipped",
-                           note=f"skipped: JAX backend only up to {args.jax_max_cosmologies} "
-                                f"cosmologies (--jax-max-cosmologies)")
+        run_cfg = _with_stride(cfg, stride)
+        key = f"eb:{b}"
+        row = {"key": key, "size": C, "backend": b, "k_solve_stride": stride,
+               "trajectories": C * _solved_modes(run_cfg)}
+        if b in dead:
+            row.update(status="skipped", note=dead[b])
+        elif b == "jax" and C > args.jax_max_cosmologies:
+            row.update(status="skipped",
+                       note=f"skipped: JAX backend only up to {args.jax_max_cosmologies} "
+                            f"cosmologies (--jax-max-cosmologies)")
+        else:
+            projected = project(rows, key, C, PRIOR_FIRST_S[key])
+            why = budget.refuse(projected)
+            if why:
+                row.update(status="skipped", note=why, projected_s=projected)
             else:
-                projected = project(rows, key, C, PRIOR_FIRST_S[key])
-                why = budget.refuse(projected)
-                if why:
-                    row.update(status="skipped", note=why, projected_s=projected)
-                else:
-                    _eb_row(row, b, cfg, cosmos, w, dead)
-            report.row("eb", row, _eb_line(row))
+                _eb_row(row, b, run_cfg, cosmos, w, dead)
+        report.row("eb", row, _eb_line(row))
     return cfg, dead
 
 
@@ -322,7 +345,7 @@ def _eb_row(row, backend, cfg, cosmos, work, dead):
     row.update(status="ok", first_s=first, first_timings=first_timings, warm_s=warm,
                warm_repeats=repeats,
                ms_per_launch=1e3 * warm, ms_per_cosmology=1e3 * warm / C, per_s=C / warm,
-               trajectories_per_s=res.k.size / warm,
+               trajectories_per_s=res.transfers.k.size / warm,
                steps_median=st["accepted_steps_median"], steps_max=st["accepted_steps_max"],
                steps_total=st["steps_total"], failed=len(res.failures()),
                timings=_timings(res),
@@ -359,9 +382,10 @@ def _timings(res) -> dict:
 
 def _eb_line(r) -> str:
     if r["status"] != "ok":
-        return (f"| {r['size']} | {r['backend']} | {r['trajectories']} | — | — | — | — | — |"
-                f" — | — | — | {_short(r['note'])} |")
-    return (f"| {r['size']} | {r['backend']} | {r['trajectories']} | {r['first_s']:.1f} | "
+        return (f"| {r['size']} | {r.get('k_solve_stride', 1)} | {r['backend']} | "
+                f"{r['trajectories']} | — | — | — | — | — | — | — | — | {_short(r['note'])} |")
+    return (f"| {r['size']} | {r.get('k_solve_stride', 1)} | {r['backend']} | "
+            f"{r['trajectories']} | {r['first_s']:.1f} | "
             f"{r['ms_per_launch']:.0f} | {r['ms_per_cosmology']:.1f} | {r['per_s']:.3g} | "
             f"{r['trajectories_per_s']:.3g} | {r['steps_median']:.0f} / {r['steps_max']} | "
             f"{_split(r['timings'])} | {_fmt(r.get('gflops_solve'), '.1f')} | "
@@ -450,6 +474,10 @@ def build_parser():
                     help="(a) lattice ensemble sizes (default 1000 10000 100000)")
     ap.add_argument("--cosmologies", type=int, nargs="+", default=None,
                     help="(b) cosmologies per launch (default 1 16 128 1024)")
+    ap.add_argument("--k-solve-stride", type=int, nargs="+", default=None, metavar="N",
+                    help="(b) precision.k_solve_stride of the ensemble rows, a row per value "
+                         "(e.g. 1 4: every mode solved against every 4th above "
+                         "k_solve_dense_below; default: the config's)")
     ap.add_argument("--parts", default="bca",
                     help="which parts to run, in this order (default bca: the ΛCDM ensembles "
                          "first, as they matter most; any of a, b, c, d)")
@@ -484,6 +512,9 @@ def main(argv=None):
     bad = [b for b in args.backends if b not in ALL_BACKENDS]
     if bad:
         raise SystemExit(f"bench_gpu: unknown backend(s) {bad}; choose from {ALL_BACKENDS}")
+    if args.k_solve_stride and any(not 1 <= n <= 16 for n in args.k_solve_stride):
+        raise SystemExit(f"bench_gpu: --k-solve-stride values must be in 1..16 "
+                         f"(precision.k_solve_stride), got {args.k_solve_stride}")
     if args.grad_batch < 1:
         raise SystemExit(f"bench_gpu: --grad-batch must be >= 1, got {args.grad_batch}")
     if args.sizes is None:

@@ -59,7 +59,7 @@ def main(argv=None):
     C = args.cosmologies
     all_steps = np.concatenate([steps * (1 + args.spread * rng.standard_normal(steps.size))
                                 for _ in range(C)])
-    k = np.tile(res.k[0], (C, 1))
+    k = np.tile(tr.k[0], (C, 1))
     print(f"{args.config}: {steps.size} modes, steps median {np.median(steps):.0f}, max "
           f"{steps.max():.0f}; {C} cosmologies")
     print("| blocks at once | ascending k | highest k first | ratio | lower bound |")

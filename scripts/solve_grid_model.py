@@ -6,14 +6,16 @@ mode below k_cut and every s-th mode above it (and the last), rebuilds P_m at th
 wavenumbers by a cubic spline in (ln k, ln P) through the kept ones, and prints the modes and
 solver steps (accepted + rejected) kept, and the largest |P_spline / P_solved − 1| over the
 dropped wavenumbers and redshifts; also the transfer fields that the same spline reproduces
-worst (sign-definite ones only). A model of a lever, not a feature: the perturbation stage
-solves every requested k.
+worst (sign-definite ones only). The model behind the precision key ``k_solve_stride``
+(boltzmann/k_sampling.py; scripts/k_stride_accuracy.py measures the key itself), from a run
+that solves every mode (the config's stride is set to 1).
 
     python scripts/solve_grid_model.py --config lcdm --cuts 0.5 1.0 --strides 2 4
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -43,6 +45,8 @@ def main(argv=None):
     from boltzmann.params import load_config
 
     cfg = load_config(args.config)
+    # every mode solved: the fields and steps of the modes a stride would drop are the point
+    cfg = dataclasses.replace(cfg, precision=dataclasses.replace(cfg.precision, k_solve_stride=1))
     r = pipeline.run(cfg, backend="jax")
     k, h = np.asarray(r.spectra.k)[0], float(cfg.cosmology.h)
     pk = np.asarray(r.spectra.pk_m)[0]

@@ -153,7 +153,7 @@ def _solver_message(result, c: int) -> str:
     failed = [(k, why) for cc, k, why in result.failures() if cc == c]
     ks = ", ".join(f"{k:.4g}" for k, _ in failed[:6]) + (", ..." if len(failed) > 6 else "")
     reasons = "; ".join(sorted({why for _, why in failed}))
-    return (f"perturbation solve failed for {len(failed)} of {result.k.shape[1]} k modes "
+    return (f"perturbation solve failed for {len(failed)} of {result.transfers.k.shape[1]} k modes "
             f"(k = {ks} 1/Mpc): {reasons}")
 
 
