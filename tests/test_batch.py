@@ -70,8 +70,10 @@ def fake_ensemble(cosmos, precision, output, backend="auto"):
                                             enumerate(("z_reio", "z_rec", "z_star", "z_drag"))})
     failures = [(c, float(k[c, 0]), "maximum number of steps") for c in range(len(cosmos))
                 if not ok[c]]
+    # transfers on their own (solved) wavenumbers, as run_ensemble's: here every mode
     return types.SimpleNamespace(k=k, ok=lambda: ok, failures=lambda: failures, spectra=spectra,
-                                 tables=tables, backend="fake")
+                                 tables=tables, transfers=types.SimpleNamespace(k=k),
+                                 backend="fake")
 
 
 def slow_fake(*args, **kwargs):
