@@ -15,6 +15,8 @@
 #   ncu        Nsight Compute (if the machine has it) on one warm launch of the plain warp
 #              kernel and of the sensitivity kernel: $JOB/ncu_plain.txt, ncu_sens.txt
 #   cb         bench_gpu parts c and b: one P(k), 256 cosmologies end to end
+#   kstride    bench_gpu part b at precision.k_solve_stride 1 and 4 (every mode solved, every
+#              4th above 1 h/Mpc), 256 cosmologies, side by side in one process
 #   order      one P(k) and 256 cosmologies with the modes launched highest k first (the code's)
 #              against lowest k first, and with the massless neutrinos as a fluid from k τ = 30
 #              (a second launch of the smaller model), side by side (bench_jacobian_kinds)
@@ -141,6 +143,10 @@ for s in ${STEPS:-cb d first_run profile}; do
     cb)
         step bench_cb 420 python scripts/bench_gpu.py --parts cb --cosmologies 256 --backends cuda \
             --budget 400 --row-limit 300 --out "$JOB/cb" ;;
+    kstride)
+        step bench_kstride 420 python scripts/bench_gpu.py --parts b --cosmologies 256 \
+            --backends cuda --k-solve-stride 1 4 --budget 400 --row-limit 300 \
+            --out "$JOB/kstride" ;;
     d)
         step bench_d 600 python scripts/bench_gpu.py --parts d --backends cuda --budget 560 \
             --row-limit 500 --grad-sec "${GRAD_SEC:-1,0.1,0}" --grad-batch "${GRAD_BATCH:-64}" \
