@@ -145,6 +145,49 @@ def test_bad_settings_name_the_key(key, value):
         load_config(copy.deepcopy(cfg))
 
 
+def test_driver_solves_the_sampled_modes_and_fills_in_p(monkeypatch):
+    """``run_ensemble``'s wiring without a solve (the physics is the ``slow`` test below): the
+    perturbation stage is given only the sampled modes (with their k in h/Mpc), the transfers
+    stay on them, P(k) and σ8 come back on the whole requested axis, the spline's P within
+    1e-5 of the analytic spectrum the fake transfers give at the modes not solved."""
+    from boltzmann import ensemble
+
+    cfg = load_config("lcdm_reduced")
+    output = dataclasses.replace(cfg.output, k_min=1e-3, k_max=5.0, k_per_decade=10.5)
+    seen = []
+
+    def transfer(k):    # smooth in ln k, like a matter transfer function at high k
+        return 1.0 / (1.0 + (k / 0.02) ** 2) ** 0.9
+
+    def fake_perturbations(tables, cosmos, k, zs, precision, model, *, k_h=None, **kw):
+        seen.append((np.asarray(k).copy(), None if k_h is None else np.asarray(k_h).copy()))
+        C, K, Z = k.shape[0], k.shape[1], len(zs)
+        d = np.broadcast_to(transfer(np.asarray(k))[:, None, :], (C, Z, K)).copy()
+        return Transfers(k=np.asarray(k), z=tuple(zs), k_h=k_h, fields={"d_m": d, "d_cb": d},
+                         status=np.zeros((C, K), np.int32), n_accepted=np.ones((C, K)),
+                         n_rejected=np.zeros((C, K)), backend="fake")
+
+    monkeypatch.setattr(ensemble, "compute_tables", lambda *a, **k: None)
+    monkeypatch.setattr(ensemble, "compute_perturbations", fake_perturbations)
+    out = {}
+    for stride in (1, 2):
+        prec = dataclasses.replace(cfg.precision, k_solve_stride=stride, k_solve_dense_below=1.0)
+        out[stride] = ensemble.run_ensemble([cfg.cosmology], prec, output, backend="jax")
+    (k_every, kh_every), (k_fewer, kh_fewer) = seen
+    assert k_every.shape == (1, 40) and k_fewer.shape == (1, 37)
+    np.testing.assert_array_equal(kh_fewer, kh_every[np.isin(kh_every, kh_fewer)])
+    assert kh_fewer[-1] == kh_every[-1] and np.all(np.isin(kh_every[kh_every < 1.0], kh_fewer))
+    every, fewer = out[1], out[2]
+    assert fewer.transfers.k.shape == (1, 37) and fewer.k.shape == every.k.shape == (1, 40)
+    np.testing.assert_array_equal(fewer.k, every.k)
+    solved = np.isin(every.k[0], fewer.transfers.k[0])
+    np.testing.assert_array_equal(fewer.spectra.pk_m[..., solved], every.spectra.pk_m[..., solved])
+    err = np.abs(fewer.spectra.pk_m / every.spectra.pk_m - 1)[..., ~solved]
+    assert 1e-12 < err.max() < 1e-5
+    np.testing.assert_allclose(fewer.spectra.sigma8, every.spectra.sigma8, rtol=1e-7)
+
+
+@pytest.mark.slow
 def test_sparse_grid_end_to_end():
     """configs/lcdm_reduced.yaml on 1e-3..5 h/Mpc at 10.5 a decade (40 modes, σ8 adds none):
     stride 2 above 1 h/Mpc solves 37 (the same lock-step chunk size, one compile) and gives P
