@@ -150,13 +150,12 @@ def start(fn, theta=None) -> KernelHelper | None:
     atomic_write(spec, pickle.dumps({
         "config": fn.config, "kwargs": fn.construction_kwargs, "theta": np.asarray(theta),
         "backend": {"launch": backend.launch, "cache_root": backend.cache_root,
-                    "kernel": backend.kernel, "direction_warps": backend.direction_warps,
-                    # JAX runs on the host there: the kernel from the host callback (one
-                    # kernel-cache entry serves the custom call too)
-                    "sensitivity_launch": "host"},
+                    "kernel": backend.kernel, "direction_warps": backend.direction_warps},
         "cache_root": runtime.persistent_dir(""), "marker": marker, "key": key,
         "started_at": time.time()}))
-    env = dict(os.environ, JAX_PLATFORMS="cpu")   # JAX on the host only: no GPU memory taken
+    # JAX on the host only: no GPU memory taken, and the backend's "auto" sensitivity launch
+    # takes the host callback there (the kernel-cache entry it stores serves the custom call)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
     project = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (project, env.get("PYTHONPATH")) if p)
     with open(log_path, "wb") as out:

@@ -375,6 +375,11 @@ def _sigma8_all(k, k_h, pk, h):
                                           R_max_sampling=r_max))(pk, h)
 
 
+def _sparse(sampling) -> bool:
+    """Whether ``sampling`` (a ``k_sampling.KSampling`` or None) leaves modes to the spline."""
+    return sampling is not None and not sampling.every_mode
+
+
 def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True,
                   sampling=None) -> dict:
     """{P_m, P_cb: (C, Z, K); sigma8, sigma8_cb: (C, Z)} from transfer fields (C, Z, K); traceable
@@ -384,7 +389,7 @@ def power_spectra(fields, k, cosmos, *, k_h=None, with_sigma8: bool = True,
     there, filled onto the whole axis by its spline of ln P, and σ8 integrates over the axis."""
     if k_h is None:
         k = np.asarray(k, np.float64)
-    fill = sampling is not None and not sampling.every_mode
+    fill = _sparse(sampling)
     d_m = jnp.asarray(fields["d_m"])
     if "d_cb" in fields:
         d_cb = jnp.asarray(fields["d_cb"])
@@ -414,7 +419,7 @@ def _spectra_program(k_h: np.ndarray, with_sigma8: bool, names: tuple, sampling=
         return jax.jit(lambda fields, k, cosmos: power_spectra(
             fields, k, cosmos, k_h=k_h, with_sigma8=with_sigma8, sampling=sampling))
     key = (k_h.tobytes(), with_sigma8, names)
-    if sampling is not None and not sampling.every_mode:   # its solved modes set the program
+    if _sparse(sampling):   # its solved modes set the program
         key += (sampling.solved.tobytes(),)
     return _SPECTRA_PROGRAMS.get_or_build(key, build)
 
@@ -428,10 +433,10 @@ def compute_spectra(transfers, cosmos, *, check_coverage: bool = True,
     the ``k_sampling.KSampling`` whose solved modes the transfers hold; the spectra are then on
     its whole axis (``sampling.k``, ``sampling.k_h``), P filled in by its spline.
     """
-    if sampling is None or sampling.every_mode:
-        k, k_h = np.asarray(transfers.k), transfers.k_h
-    else:
+    if _sparse(sampling):
         k, k_h = np.asarray(sampling.k), sampling.k_h
+    else:
+        k, k_h = np.asarray(transfers.k), transfers.k_h
     C, K = k.shape
     with_sigma8 = K >= 5
     names = ("d_m", "d_cb") if "d_cb" in transfers.fields else ("d_m", "d_cdm", "d_b")
